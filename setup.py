@@ -1,0 +1,34 @@
+"""terraformer: Scaling Transformers and the Terraformer as Trax combinators."""
+import setuptools
+
+setuptools.setup(
+    name='terraformer',
+    version='0.1.0',
+    description=('Sparse is Enough in Scaling Transformers (Jaszczur et al.): '
+                 'sparse layers, Scaling Transformer and Terraformer in Trax.'),
+    packages=setuptools.find_packages(include=['terraformer', 'terraformer.*']),
+    python_requires='>=3.11,<3.12',
+    install_requires=[
+        'trax==1.4.1',
+        'jax>=0.10,<0.11',
+        'jaxlib>=0.10,<0.11',
+        'tensorflow>=2.21,<2.22',
+        'tensorflow-text>=2.21,<2.22',
+        'tensorflow-datasets>=4.9,<4.10',
+        'numpy>=2,<3',
+        'gin-config==0.5.0',
+        'sentencepiece>=0.2,<0.3',
+        'aclsum==0.1.2',
+        'tqdm>=4.66',
+    ],
+    extras_require={
+        'test': ['pytest>=8'],
+        'eval': ['rouge-score==0.1.2', 'matplotlib>=3.8'],
+    },
+    entry_points={
+        'console_scripts': [
+            'terraformer-train=terraformer.cli.train:main',
+            'terraformer-info=terraformer.cli.info:main',
+        ],
+    },
+)
