@@ -1,0 +1,3 @@
+"""Models built from terraformer's layers."""
+from terraformer.models.scaling_transformer import ScalingTransformer
+from terraformer.models.scaling_transformer import ScalingTransformerLM

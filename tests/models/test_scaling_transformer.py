@@ -1,0 +1,98 @@
+"""Scaling Transformer models: shapes, training step, predict == eval."""
+import numpy as np
+import pytest
+import jax
+from trax import shapes
+
+from terraformer.models import ScalingTransformer
+from terraformer.models import ScalingTransformerLM
+
+TINY = dict(d_model=32, d_ff=64, n_heads=4, dropout=0.0, max_len=16,
+            d_lowrank=4)
+VARIANTS = {
+    'dense': {},
+    'sparse_ff': dict(ff_sparsity=8),
+    'sparse_qkv': dict(attention_sparsity=4),
+    'sparse_ff_qkv': dict(ff_sparsity=8, attention_sparsity=4),
+    'sparse_ff_qkv_loss': dict(ff_sparsity=8, attention_sparsity=4,
+                               loss_sparsity=4),
+}
+VOCAB = 64
+
+
+def _tokens(shape, seed=0):
+  return np.random.RandomState(seed).randint(1, VOCAB, size=shape).astype(
+      np.int32)
+
+
+def _lm(variant, mode):
+  return ScalingTransformerLM(vocab_size=VOCAB, n_layers=2, mode=mode,
+                              **TINY, **VARIANTS[variant])
+
+
+def _encdec(variant, mode):
+  return ScalingTransformer(input_vocab_size=VOCAB, n_encoder_layers=2,
+                            n_decoder_layers=2, mode=mode, **TINY,
+                            **VARIANTS[variant])
+
+
+@pytest.mark.parametrize('variant', sorted(VARIANTS))
+def test_lm_predict_matches_eval_forward(variant):
+  tokens = _tokens((2, 10))
+  eval_model = _lm(variant, 'eval')
+  eval_model.init(shapes.signature(tokens), rng=jax.random.PRNGKey(1))
+  full_logits = np.asarray(eval_model(tokens))
+
+  predict_model = _lm(variant, 'predict')
+  predict_model.init(shapes.ShapeDtype((2, 1), np.int32))
+  predict_model.weights = eval_model.weights
+  # Predict mode does not shift: feed the shifted sequence token by token.
+  shifted = np.pad(tokens, ((0, 0), (1, 0)))[:, :-1]
+  step_logits = [np.asarray(predict_model(shifted[:, i:i + 1]))
+                 for i in range(tokens.shape[1])]
+  np.testing.assert_allclose(np.concatenate(step_logits, axis=1),
+                             full_logits, atol=2e-4, rtol=2e-4)
+
+
+@pytest.mark.parametrize('variant', ['dense', 'sparse_ff_qkv_loss'])
+def test_encoder_decoder_predict_matches_eval_forward(variant):
+  inputs, targets = _tokens((2, 7), seed=1), _tokens((2, 6), seed=2)
+  inputs[0, 5:] = 0  # padding in the encoder input must be masked
+  eval_model = _encdec(variant, 'eval')
+  eval_model.init(shapes.signature((inputs, targets)),
+                  rng=jax.random.PRNGKey(2))
+  full_logits, _ = eval_model((inputs, targets))
+
+  predict_model = _encdec(variant, 'predict')
+  predict_model.init((shapes.signature(inputs),
+                      shapes.ShapeDtype((2, 1), np.int32)))
+  predict_model.weights = eval_model.weights
+  shifted = np.pad(targets, ((0, 0), (1, 0)))[:, :-1]
+  step_logits = [np.asarray(predict_model((inputs, shifted[:, i:i + 1]))[0])
+                 for i in range(targets.shape[1])]
+  np.testing.assert_allclose(np.concatenate(step_logits, axis=1),
+                             np.asarray(full_logits), atol=2e-4, rtol=2e-4)
+
+
+def test_encoder_padding_is_masked():
+  inputs, targets = _tokens((1, 5), seed=3), _tokens((1, 4), seed=4)
+  padded = np.pad(inputs, ((0, 0), (0, 3)))
+  model = _encdec('dense', 'eval')
+  model.init(shapes.signature((padded, targets)), rng=jax.random.PRNGKey(0))
+  logits_padded, _ = model((padded, targets))
+  logits, _ = model((inputs, targets))
+  np.testing.assert_allclose(np.asarray(logits_padded), np.asarray(logits),
+                             atol=1e-5)
+
+
+@pytest.mark.parametrize('variant', ['dense', 'sparse_ff_qkv_loss'])
+def test_lm_is_causal(variant):
+  tokens = _tokens((1, 8))
+  changed = tokens.copy()
+  changed[0, 5] = (changed[0, 5] % (VOCAB - 1)) + 1
+  model = _lm(variant, 'eval')
+  model.init(shapes.signature(tokens), rng=jax.random.PRNGKey(0))
+  a, b = np.asarray(model(tokens)), np.asarray(model(changed))
+  # Inputs are shifted right: changing token 5 changes logits from 6 on.
+  np.testing.assert_allclose(a[:, :6], b[:, :6], atol=1e-5)
+  assert not np.allclose(a[:, 6:], b[:, 6:])
