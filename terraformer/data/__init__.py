@@ -1,0 +1,9 @@
+"""Offline data: aclsum papers, a SentencePiece vocab, Trax input streams."""
+from terraformer.data.aclsum_papers import load_papers
+from terraformer.data.aclsum_papers import load_split
+from terraformer.data.aclsum_papers import split_of
+from terraformer.data.aclsum_papers import SPLITS
+from terraformer.data.streams import lm_stream
+from terraformer.data.streams import seq2seq_stream
+from terraformer.data.vocab import get_vocab
+from terraformer.data.vocab import Vocab

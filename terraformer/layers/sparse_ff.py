@@ -81,7 +81,7 @@ class SparseFF(tl.Layer):
     soft = jax.nn.softmax(noisy / self._temperature, axis=-1)
     hard = jax.nn.one_hot(jnp.argmax(noisy, axis=-1), self._n_block,
                           dtype=logits.dtype)
-    straight_through = hard + soft - jax.lax.stop_gradient(soft)
+    straight_through = hard + (soft - jax.lax.stop_gradient(soft))
     use_hard = fastmath.random.uniform(rng_select, ()) < self._quant_prob
     return jnp.where(use_hard, straight_through, soft)
 
