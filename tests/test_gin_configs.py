@@ -1,0 +1,54 @@
+"""Every gin experiment parses, builds, and has the expected parameter count."""
+import glob
+import io
+import json
+import os
+import sys
+
+import pytest
+
+from terraformer.cli import info
+
+GIN_DIR = os.path.join(os.path.dirname(os.path.dirname(__file__)), 'gin')
+CONFIGS = sorted(
+    p for p in glob.glob(os.path.join(GIN_DIR, '**', '*.gin'), recursive=True))
+FAMILY_800M = ['dense', 'sparse_ff', 'sparse_qkv', 'sparse_ff_qkv',
+               'sparse_ff_qkv_loss']
+
+
+@pytest.fixture(scope='module')
+def counts():
+  """terraformer-info --json of every gin file, by path (run once)."""
+  results = {}
+  with pytest.MonkeyPatch.context() as mp:
+    for path in CONFIGS:
+      out = io.StringIO()
+      mp.setattr(sys, 'stdout', out)
+      assert info.main(['terraformer-info', f'--config_file={path}',
+                        '--json']) == 0, path
+      results[path] = json.loads(out.getvalue())
+  return results
+
+
+@pytest.mark.slow
+def test_info_runs_on_every_gin_file(counts):
+  assert len(counts) >= 10
+  for path, count in counts.items():
+    assert count['total'] == sum(count['by_layer'].values()) > 0, path
+
+
+@pytest.mark.slow
+def test_800m_family_is_parameter_matched(counts):
+  family = {name: counts[os.path.join(GIN_DIR, 'scaling_800m', f'{name}.gin')]
+            for name in FAMILY_800M}
+  totals = {name: c['total'] for name, c in family.items()}
+  kinds = {name: c['by_layer'] for name, c in family.items()}
+  # The paper's models are ~800M parameters and matched to each other.
+  assert 0.7e9 < totals['dense'] < 0.9e9
+  assert max(totals.values()) / min(totals.values()) < 1.1, totals
+  # Each switch really swaps the layers it names.
+  assert 'SparseFF' not in kinds['dense'] and 'SparseFF' in kinds['sparse_ff']
+  assert 'ModuleConv' in kinds['sparse_qkv']
+  assert 'ModuleConv' not in kinds['sparse_ff']
+  assert (kinds['sparse_ff_qkv_loss']['MultiplicativeDense']
+          > kinds['sparse_ff_qkv']['MultiplicativeDense'])
