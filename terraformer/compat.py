@@ -1,0 +1,165 @@
+"""Small fixes that make Trax 1.4.1 work with the pinned (newer) JAX.
+
+Each fix is one documented monkey-patch that wraps a single Trax function;
+`apply()` installs all of them and is idempotent. `PATCHES` lists them by
+name; tests use `undo(name)` to show that the bug comes back without the fix.
+"""
+import functools
+import importlib
+
+import jax
+import numpy as np
+
+_APPLIED = {}  # name -> list of (owner, attribute, original value)
+
+
+def _install(name, owner, attr, new):
+  """Replaces `owner.attr` by `new`, remembering the original for `undo`."""
+  _APPLIED.setdefault(name, []).append((owner, attr, owner.__dict__[attr]))
+  setattr(owner, attr, new)
+
+
+# Fix 1: restoring a checkpoint.
+#
+# `trax.fastmath.numpy.tree_unflatten(flat, tree, copy_from_tree)` tests
+# `tree in copy_from_tree` on every node, leaves included. Markers to copy are
+# `None`, `()` and a dict; with new JAX `jax_array == ()` raises TypeError
+# (numpy arrays raise "truth value is ambiguous"), so `Loop.load_checkpoint`
+# crashes. An array is never such a marker: skip the test for array leaves.
+def _is_array(x):
+  return isinstance(x, (np.ndarray, np.generic, jax.Array))
+
+
+def _fix_tree_unflatten():
+  tnp = importlib.import_module('trax.fastmath.numpy')
+  fastmath = importlib.import_module('trax.fastmath')
+  original = tnp.tree_unflatten
+
+  @functools.wraps(original)
+  def tree_unflatten(flat, tree, copy_from_tree=None):
+    if copy_from_tree is not None and _is_array(tree):
+      copy_from_tree = None
+    return original(flat, tree, copy_from_tree=copy_from_tree)
+
+  # The module attribute matters too: the original recurses through it.
+  _install('tree_unflatten', tnp, 'tree_unflatten', tree_unflatten)
+  _install('tree_unflatten', fastmath, 'tree_unflatten', tree_unflatten)
+
+
+# Fix 2: efficient attention on numpy inputs.
+#
+# The batched `forward_and_or_backward` of Trax's efficient attention layers
+# (`LSHSelfAttention`, `SelfAttention`, `PureLSHSelfAttention`,
+# `EncDecAttention`) loops over heads with `fori_loop` and indexes its
+# inputs/weights/state with the traced loop index: `x[idx]` on a numpy array
+# now raises TracerArrayConversionError. Layers called eagerly on numpy arrays
+# (`layer(x)`, or weights restored from a checkpoint) hit it. Fix: turn numpy
+# arrays in the arguments into JAX arrays first.
+_EFFICIENT_ATTENTION_CLASSES = (
+    'EfficientAttentionBase', 'SelfAttention', 'LSHSelfAttention',
+    'PureLSHSelfAttention')
+
+
+def _numpy_to_jax(tree):
+  return jax.tree_util.tree_map(
+      lambda x: jax.numpy.asarray(x) if isinstance(x, np.ndarray) else x, tree)
+
+
+def _fix_efficient_attention():
+  ea = importlib.import_module('trax.layers.research.efficient_attention')
+  for class_name in _EFFICIENT_ATTENTION_CLASSES:
+    cls = getattr(ea, class_name)
+    original = cls.__dict__['forward_and_or_backward']
+
+    @functools.wraps(original)
+    def forward_and_or_backward(self, *args, _original=original, **kwargs):
+      args, kwargs = _numpy_to_jax((args, kwargs))
+      return _original(self, *args, **kwargs)
+
+    _install('efficient_attention', cls, 'forward_and_or_backward',
+             forward_and_or_backward)
+
+
+# Fixes 3 and 4: data parallelism (more than one device).
+#
+# 3. `trax.layers.acceleration.for_n_devices` replicates weights and optimizer
+# slots with `jax.device_put_replicated`, which JAX removed (AttributeError),
+# so `Loop` fails on >1 device. Replace that one case by `jax.device_put` of a
+# broadcast view, sharded along a new leading device axis (what
+# `device_put_replicated` returned, and what `pmap` expects).
+def _replicate(x, devices):
+  """`x` stacked `len(devices)` times, one slice on each device."""
+  mesh = jax.sharding.Mesh(np.array(devices), ('devices',))
+  sharding = jax.sharding.NamedSharding(
+      mesh, jax.sharding.PartitionSpec('devices'))
+  shape = (len(devices),) + np.shape(x)
+  if _is_array(x) and not getattr(x, 'weak_type', False):
+    # A numpy broadcast view: no stacked copy is materialized on one device.
+    return jax.device_put(np.broadcast_to(np.asarray(x), shape), sharding)
+  # Python scalars (e.g. the learning rate) keep JAX's weak type.
+  return jax.device_put(jax.numpy.broadcast_to(x, shape), sharding)
+
+
+def _fix_for_n_devices():
+  acceleration = importlib.import_module('trax.layers.acceleration')
+  tl = importlib.import_module('trax.layers')
+  fastmath = importlib.import_module('trax.fastmath')
+  original = acceleration.for_n_devices
+
+  @functools.wraps(original)
+  def for_n_devices(x, n_devices):
+    if n_devices > 1 and fastmath.is_backend(fastmath.Backend.JAX):
+      devices = jax.local_devices()
+      return fastmath.nested_map(lambda y: _replicate(y, devices), x)
+    return original(x, n_devices)
+
+  _install('for_n_devices', acceleration, 'for_n_devices', for_n_devices)
+  _install('for_n_devices', tl, 'for_n_devices', for_n_devices)
+
+
+# 4. The optimizer `Trainer` then moves the replicated slots to one device with
+# `tl.on_cpu`. `pmap` is now `jit` + `shard_map` and rejects an argument
+# committed to a single device ("Sharding passed to jit does not match"). Fix:
+# `on_cpu` leaves arrays that live on several devices (replicas) where they are.
+def _on_several_devices(x):
+  return isinstance(x, jax.Array) and len(x.sharding.device_set) > 1
+
+
+def _fix_on_cpu():
+  acceleration = importlib.import_module('trax.layers.acceleration')
+  tl = importlib.import_module('trax.layers')
+  original = acceleration.on_cpu
+
+  @functools.wraps(original)
+  def on_cpu(x):
+    return jax.tree_util.tree_map(
+        lambda y: y if _on_several_devices(y) else original(y), x)
+
+  _install('on_cpu', acceleration, 'on_cpu', on_cpu)
+  _install('on_cpu', tl, 'on_cpu', on_cpu)
+
+
+PATCHES = {
+    'tree_unflatten': _fix_tree_unflatten,
+    'efficient_attention': _fix_efficient_attention,
+    'for_n_devices': _fix_for_n_devices,
+    'on_cpu': _fix_on_cpu,
+}
+
+
+def apply():
+  """Installs all fixes; calling it again does nothing."""
+  for name, fix in PATCHES.items():
+    if name not in _APPLIED:
+      fix()
+
+
+def undo(name):
+  """Removes fix `name` (for tests); `apply()` installs it again."""
+  for owner, attr, original in reversed(_APPLIED.pop(name, [])):
+    setattr(owner, attr, original)
+
+
+def applied():
+  """Names of the fixes currently installed."""
+  return sorted(_APPLIED)

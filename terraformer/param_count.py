@@ -1,0 +1,107 @@
+"""Shape-only parameter counts of a Trax model, grouped by layer class.
+
+Weights are never allocated: `jax.eval_shape` runs `model.init` on abstract
+values, so an 800M-parameter model is counted in seconds and little memory.
+"""
+import collections
+import copy
+
+import gin
+import jax
+import numpy as np
+from trax import layers as tl
+from trax import shapes
+
+from terraformer import errors
+
+ParamCount = collections.namedtuple('ParamCount', ['by_layer', 'total'])
+
+
+def input_signature_for(model, batch_size=1, length=512):
+  """Default input signature from `model.n_in`.
+
+  A decoder-only LM (n_in == 1) gets int32 tokens `(batch, length)`; an
+  encoder-decoder (n_in >= 2) gets `(inputs, targets)` int32 tokens, and any
+  further inputs (e.g. loss weights) as float32 of the same shape.
+  """
+  shape = (batch_size, length)
+  sig = [shapes.ShapeDtype(shape, np.int32) for _ in range(min(model.n_in, 2))]
+  sig += [shapes.ShapeDtype(shape, np.float32)
+          for _ in range(model.n_in - len(sig))]
+  return sig[0] if len(sig) == 1 else tuple(sig)
+
+
+def weight_shapes(model, input_signature):
+  """Returns the weights tree of `model` with `jax.ShapeDtypeStruct` leaves.
+
+  `model.init` stores weights, state and rngs in the layers as a side effect;
+  under `eval_shape` those would be tracers, so a copy of `model` is
+  initialized and thrown away: `model` itself is left untouched.
+  """
+  scratch = copy.deepcopy(model)
+
+  def init(rng):
+    return scratch.init(input_signature, rng=rng)[0]
+
+  return jax.eval_shape(init, jax.random.PRNGKey(0))
+
+
+def _size(leaf):
+  return int(np.prod(leaf.shape, dtype=np.int64))
+
+
+def _count(layer, weights, counts):
+  """Adds the parameters of `layer` (weights tree `weights`) to `counts`."""
+  if isinstance(weights, dict) and weights == tl.GET_WEIGHTS_FROM_CACHE:
+    return  # A shared layer: its weights are counted where first used.
+  subs = layer.sublayers
+  if subs and isinstance(weights, (tuple, list)) and len(weights) == len(subs):
+    for sub, sub_weights in zip(subs, weights):
+      _count(sub, sub_weights, counts)
+    return
+  n = sum(_size(leaf) for leaf in jax.tree_util.tree_leaves(weights))
+  if n:
+    counts[type(layer).__name__] += n
+
+
+def count_layer_params(model, input_signature):
+  """Counts the parameters of an (uninitialized) layer, by layer class."""
+  counts = collections.Counter()
+  _count(model, weight_shapes(model, input_signature), counts)
+  by_layer = dict(sorted(counts.items(), key=lambda kv: (-kv[1], kv[0])))
+  return ParamCount(by_layer, sum(by_layer.values()))
+
+
+def _model_from_train_config():
+  """The model function bound to `train.model` in the parsed gin config."""
+  try:
+    ref = gin.query_parameter('terraformer.train.model')
+  except ValueError:
+    raise errors.TerraformerError(
+        'no model configured: bind train.model (or count_parameters.model)'
+    ) from None
+  return getattr(ref, 'scoped_configurable_fn', ref)
+
+
+@gin.configurable(module='terraformer')
+def count_parameters(model=None, input_signature=None, batch_size=1,
+                     length=512, mode='eval'):
+  """Counts parameters of a model function, by layer class and in total.
+
+  Args:
+    model: Trax model function taking `mode=`; by default the one bound to
+      `train.model` in the gin config.
+    input_signature: ShapeDtype (or tuple) the model is initialized on; by
+      default derived from `model.n_in` (see `input_signature_for`).
+    batch_size: batch size of the default input signature.
+    length: sequence length of the default input signature.
+    mode: mode the model is built in (weights do not depend on it).
+
+  Returns:
+    ParamCount(by_layer={class name: count}, total=count).
+  """
+  model = model or _model_from_train_config()
+  layer = model(mode=mode)
+  if input_signature is None:
+    input_signature = input_signature_for(layer, batch_size, length)
+  return count_layer_params(layer, input_signature)

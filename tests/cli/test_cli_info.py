@@ -1,0 +1,82 @@
+"""terraformer-info: parameter counts by layer kind, table or JSON."""
+import json
+import os
+import subprocess
+import sys
+
+import gin
+import pytest
+
+import tiny_lm
+from terraformer.cli import common
+from terraformer.cli import info as info_cli
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+@pytest.fixture(scope='module', autouse=True)
+def _imports_done():
+  common.setup()
+
+
+@pytest.fixture(autouse=True)
+def _clear_gin():
+  yield
+  gin.clear_config()  # Leave no bindings to the tests that follow.
+
+
+def _run(capsys, *args):
+  code = info_cli.main(['terraformer-info', *args])
+  out, err = capsys.readouterr()
+  return code, out, err
+
+
+def test_json_matches_hand_count(tmp_path, capsys):
+  code, out, _ = _run(capsys, '--config_file=' + tiny_lm.write_config(tmp_path),
+                      '--json')
+  assert code == 0
+  result = json.loads(out)
+  expected = tiny_lm.transformer_lm_params()
+  assert result['by_layer'] == expected
+  assert result['total'] == sum(expected.values())
+
+
+def test_bindings_change_the_count(tmp_path, capsys):
+  code, out, _ = _run(capsys, '--config_file=' + tiny_lm.write_config(tmp_path),
+                      '--config=TransformerLM.n_layers = 3',
+                      '--config=TransformerLM.d_ff = 48', '--json')
+  assert code == 0
+  expected = tiny_lm.transformer_lm_params(n_layers=3, d_ff=48)
+  assert json.loads(out) == {'by_layer': expected,
+                             'total': sum(expected.values())}
+
+
+def test_table(tmp_path, capsys):
+  code, out, _ = _run(capsys, '--config_file=' + tiny_lm.write_config(tmp_path))
+  assert code == 0
+  expected = tiny_lm.transformer_lm_params()
+  rows = {line.split()[0]: line.split()[1] for line in out.splitlines()[1:]}
+  assert rows == {**{k: f'{v:,}' for k, v in expected.items()},
+                  'total': f'{sum(expected.values()):,}'}
+
+
+def test_errors(tmp_path, capsys):
+  code, _, err = _run(capsys, '--config_file=missing.gin')
+  assert code == 2
+  assert err == "terraformer-info: error: config file 'missing.gin' not found\n"
+  code, _, err = _run(capsys, '--config=TransformerLM.d_model = 8')
+  assert code == 2
+  assert err.startswith('terraformer-info: error: no model configured')
+  assert len(err.splitlines()) == 1
+
+
+@pytest.mark.slow
+def test_console_script_json(tmp_path):
+  exe = os.path.join(os.path.dirname(sys.executable), 'terraformer-info')
+  done = subprocess.run(
+      [exe, '--config_file=' + tiny_lm.write_config(tmp_path), '--json'],
+      env=dict(os.environ, PYTHONPATH=HERE), capture_output=True, text=True,
+      timeout=300)
+  assert done.returncode == 0, done.stderr[-3000:]
+  expected = tiny_lm.transformer_lm_params()
+  assert json.loads(done.stdout)['total'] == sum(expected.values())

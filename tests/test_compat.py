@@ -1,0 +1,215 @@
+"""Each compat fix: the bug shows with the fix undone, and is gone with it."""
+import contextlib
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import trax
+from trax import fastmath
+from trax import layers as tl
+from trax import optimizers
+from trax import shapes
+from trax.layers.research import efficient_attention as ea
+from trax.supervised import training
+
+from terraformer import compat
+
+compat.apply()
+
+
+@contextlib.contextmanager
+def undone(name):
+  """Runs the body with compat fix `name` removed."""
+  compat.undo(name)
+  try:
+    yield
+  finally:
+    compat.apply()
+
+
+def test_apply_is_idempotent_and_undo_restores():
+  compat.apply()
+  patched = fastmath.tree_unflatten
+  original = patched.__wrapped__
+  compat.apply()
+  assert fastmath.tree_unflatten is patched
+  assert set(compat.applied()) == set(compat.PATCHES)
+  with undone('tree_unflatten'):
+    assert fastmath.tree_unflatten is original
+    assert 'tree_unflatten' not in compat.applied()
+  # Applied again, once: wraps the original, not the previous wrapper.
+  assert fastmath.tree_unflatten.__wrapped__ is original
+
+
+# Fix 1: tree_unflatten with array leaves and copy_from_tree.
+
+
+def _slots_and_flat():
+  """Adam slots of a tiny model, and new flat values, as load_checkpoint has."""
+  model = tl.Serial(tl.Embedding(8, 4), tl.Dense(3))
+  model.init(shapes.ShapeDtype((2, 5), np.int32))
+  opt = optimizers.Adam()
+  opt.tree_init(model.weights)
+  flat = [np.full(np.shape(s), 7.0, np.float32)
+          for s in fastmath.tree_flatten(opt.slots)]
+  return opt.slots, flat
+
+
+@pytest.mark.parametrize('to_array', [jnp.asarray, np.asarray],
+                         ids=['jax', 'numpy'])
+def test_tree_unflatten_with_array_leaves(to_array):
+  slots, flat = _slots_and_flat()
+  slots = jax.tree_util.tree_map(to_array, slots)
+  with undone('tree_unflatten'):
+    with pytest.raises((TypeError, ValueError)):
+      fastmath.tree_unflatten(flat, slots, copy_from_tree=[None, ()])
+  new, rest = fastmath.tree_unflatten(flat, slots, copy_from_tree=[None, ()])
+  assert not rest
+  new_flat = fastmath.tree_flatten(new)
+  assert len(new_flat) == len(flat)
+  for a, b in zip(new_flat, flat):
+    np.testing.assert_array_equal(a, b)
+
+
+def test_tree_unflatten_still_copies_markers():
+  tree = (jnp.zeros(2), (), {'a': jnp.ones(3)}, None)
+  new, rest = fastmath.tree_unflatten(
+      [1, 2, 3], tree, copy_from_tree=[None, ()])
+  assert new == (1, (), {'a': 2}, None) and rest == [3]
+
+
+def _tiny_loop(output_dir):
+  def batches():
+    x = np.arange(8, dtype=np.int32).reshape(2, 4) % 8
+    while True:
+      yield x, x, np.ones_like(x, np.float32)
+  task = training.TrainTask(
+      batches(), tl.WeightedCategoryCrossEntropy(), optimizers.Adam(0.01))
+  model = tl.Serial(tl.Embedding(8, 4), tl.Dense(8))
+  return training.Loop(model, [task], output_dir=output_dir, random_seed=0)
+
+
+def test_loop_restores_checkpoint(tmp_path):
+  loop = _tiny_loop(str(tmp_path))
+  loop.run(2)
+  loop.save_checkpoint('model')
+  with undone('tree_unflatten'):
+    with pytest.raises(TypeError, match='=='):
+      _tiny_loop(str(tmp_path))
+  restored = _tiny_loop(str(tmp_path))
+  assert restored.step == 2
+  for a, b in zip(fastmath.tree_flatten(restored.model.weights),
+                  fastmath.tree_flatten(loop.model.weights)):
+    np.testing.assert_array_equal(a, b)
+
+
+# Fix 2: efficient attention on numpy inputs.
+
+ATTENTION_LAYERS = {
+    'LSHSelfAttention': lambda: ea.LSHSelfAttention(
+        n_heads=2, d_qk=4, d_v=4, chunk_len=4, n_buckets=2, mode='eval'),
+    'SelfAttention': lambda: ea.SelfAttention(
+        n_heads=2, d_qk=4, d_v=4, chunk_len=4, n_parallel_heads=1,
+        mode='eval'),
+    'EncDecAttention': lambda: ea.EncDecAttention(
+        n_heads=2, d_qk=4, d_v=4, n_parallel_heads=1, mode='eval'),
+    'PureLSHSelfAttention': lambda: ea.PureLSHSelfAttention(
+        n_heads=2, d_qk=4, d_v=4, chunk_len=4, n_buckets=2, mode='eval'),
+}
+
+
+def _attention_inputs(name):
+  x = np.random.RandomState(0).rand(2, 16, 8).astype(np.float32)
+  if name == 'EncDecAttention':
+    return (x, x, np.ones((2, 16), bool))
+  if name == 'PureLSHSelfAttention':
+    return (x[..., :4], x[..., 4:])
+  return x
+
+
+@pytest.mark.parametrize('name', sorted(ATTENTION_LAYERS))
+def test_efficient_attention_on_numpy_inputs(name):
+  x = _attention_inputs(name)
+  layer = ATTENTION_LAYERS[name]()
+  layer.init(shapes.signature(x), rng=fastmath.random.get_prng(0))
+  weights, state = layer.weights, layer.state
+  with undone('efficient_attention'):
+    with pytest.raises(tl.LayerError, match='TracerArrayConversionError'):
+      layer(x)
+  layer.weights, layer.state = weights, state
+  y_numpy = layer(x, rng=fastmath.random.get_prng(1))
+  layer.weights, layer.state = weights, state
+  y_jax = layer(jax.tree_util.tree_map(jnp.asarray, x),
+                rng=fastmath.random.get_prng(1))
+  assert y_numpy.shape == y_jax.shape
+  np.testing.assert_allclose(y_numpy, y_jax, rtol=1e-5, atol=1e-6)
+
+
+# Fixes 3 and 4: two (virtual CPU) devices, in a subprocess.
+
+_MULTI_DEVICE_SCRIPT = textwrap.dedent("""
+    import json
+    import numpy as np
+    import jax
+    from trax import layers as tl, optimizers, shapes
+    from terraformer import compat
+
+    def trainer_step():
+      model = tl.Serial(tl.Embedding(8, 4), tl.Dense(8),
+                        tl.WeightedCategoryCrossEntropy())
+      x = np.arange(8, dtype=np.int32).reshape(2, 4)
+      batch = (x, x, np.ones_like(x, np.float32))
+      model.init(shapes.signature(batch))
+      opt = optimizers.Adam(0.01)
+      opt.tree_init(model.weights)
+      trainer = optimizers.Trainer(model, opt)
+      loss, _ = trainer.one_step(batch, jax.random.PRNGKey(0))
+      return float(np.mean(loss))
+
+    def attempt(fn):
+      try:
+        return 'ok', fn()
+      except Exception as e:  # pylint: disable=broad-except
+        return 'error', type(e).__name__ + ': ' + str(e).splitlines()[0]
+
+    def replicate():
+      y, lr = tl.for_n_devices((np.ones((3,), np.float32), 0.01), 2)
+      # As jax.device_put_replicated did: Python scalars stay weakly typed.
+      return [list(y.shape), len(y.sharding.device_set), lr.weak_type]
+
+    result = {'n_devices': jax.local_device_count()}
+    compat.apply()
+    compat.undo('for_n_devices')
+    result['replicate_unfixed'] = attempt(replicate)
+    compat.apply()
+    result['replicate_fixed'] = attempt(replicate)
+    compat.undo('on_cpu')
+    result['step_unfixed'] = attempt(trainer_step)
+    compat.apply()
+    result['step_fixed'] = attempt(trainer_step)
+    print('RESULT ' + json.dumps(result))
+""")
+
+
+@pytest.mark.slow
+def test_multi_device_replication_and_step():
+  env = dict(os.environ, XLA_FLAGS='--xla_force_host_platform_device_count=2',
+             JAX_PLATFORMS='cpu')
+  out = subprocess.run([sys.executable, '-c', _MULTI_DEVICE_SCRIPT], env=env,
+                       capture_output=True, text=True, timeout=300, check=True)
+  line = [l for l in out.stdout.splitlines() if l.startswith('RESULT ')][-1]
+  result = json.loads(line[len('RESULT '):])
+  assert result['n_devices'] == 2
+  status, message = result['replicate_unfixed']
+  assert status == 'error' and 'device_put_replicated' in message
+  assert result['replicate_fixed'] == ['ok', [[2, 3], 2, True]]
+  status, message = result['step_unfixed']
+  assert status == 'error' and 'harding' in message, message
+  status, loss = result['step_fixed']
+  assert status == 'ok' and np.isfinite(loss) and loss > 0

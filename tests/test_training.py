@@ -1,0 +1,183 @@
+"""terraformer.training.train: learning, resuming, data parallelism."""
+import functools
+import glob
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+import tensorflow as tf
+import trax
+from trax import fastmath
+from trax.supervised import callbacks
+from trax.supervised import lr_schedules
+
+from terraformer import compat
+from terraformer import errors
+from terraformer import training
+
+compat.apply()
+
+VOCAB = 32
+
+
+def counting_stream(batch_size=4, length=16, seed=0, fixed=False):
+  """Returns a stream function: rows count up mod VOCAB from a random start.
+
+  The next token is the previous plus one: easy to learn. With `fixed`, every
+  batch is the same (so training is a deterministic function of the step).
+  """
+  def stream():
+    rng = np.random.RandomState(seed)
+    while True:
+      start = rng.randint(0, VOCAB, size=(batch_size, 1))
+      x = ((start + np.arange(length)[None]) % VOCAB).astype(np.int32)
+      yield x, x, np.ones_like(x, np.float32)
+      if fixed:
+        rng = np.random.RandomState(seed)
+  return stream
+
+
+def tiny_lm(mode):
+  return trax.models.TransformerLM(
+      VOCAB, d_model=16, d_ff=32, n_layers=1, n_heads=2, max_len=64,
+      dropout=0.0, mode=mode)
+
+
+def _train(output_dir, steps, **kwargs):
+  args = dict(model=tiny_lm, train_stream=counting_stream(),
+              eval_stream=counting_stream(seed=1), steps=steps,
+              lr_schedule_fn=functools.partial(lr_schedules.constant, 0.01),
+              eval_every=steps, eval_batches=2, checkpoint_every=steps,
+              random_seed=0)
+  args.update(kwargs)
+  return training.train(str(output_dir), **args)
+
+
+def _scalar_steps(folder, tag):
+  """Steps at which the TensorBoard event files in `folder` have `tag`."""
+  steps = []
+  for path in glob.glob(str(folder / 'events.out.tfevents.*')):
+    for event in tf.compat.v1.train.summary_iterator(path):
+      steps += [event.step for v in event.summary.value if v.tag == tag]
+  return sorted(steps)
+
+
+def _flat(weights):
+  return [np.asarray(w) for w in fastmath.tree_flatten(weights)]
+
+
+class Recorder(callbacks.TrainingStepCallback):
+  """Records the steps run and the model weights before the first one."""
+  instances = []
+
+  def __init__(self, loop):
+    super().__init__(loop)
+    self.steps, self.first_weights = [], None
+    Recorder.instances.append(self)
+
+  def call_at(self, step):
+    return True
+
+  def on_step_begin(self, step):
+    if not self.steps:
+      self.first_weights = _flat(self._loop.model.weights)
+    self.steps.append(step)
+
+  def on_step_end(self, step):
+    pass
+
+
+def test_loss_falls_and_outputs_are_written(tmp_path, capsys):
+  loop = _train(tmp_path, 40, eval_every=20)
+  evals = loop.history.get('eval', 'metrics/log_perplexity')
+  assert [step for step, _ in evals] == [1, 20, 40]
+  assert evals[-1][1] < evals[0][1] - 1.0  # Nats per token.
+  losses = loop.history.get('train', 'metrics/loss')
+  assert losses[-1][1] < losses[0][1] - 1.0
+  accuracy = loop.history.get('eval', 'metrics/accuracy')
+  assert accuracy[-1][1] > accuracy[0][1]
+  assert os.path.exists(tmp_path / 'model.pkl.gz')
+  assert _scalar_steps(tmp_path / 'train', 'metrics/loss') == [1, 20, 40]
+  assert _scalar_steps(tmp_path / 'eval', 'metrics/log_perplexity') == [
+      1, 20, 40]
+  out = capsys.readouterr().out
+  progress = [l for l in out.splitlines() if l.startswith('step ')]
+  assert [l.split()[1] for l in progress] == ['1/40', '20/40', '40/40']
+  assert all('train loss' in l and 'eval log_perplexity' in l
+             for l in progress)
+
+
+def test_resume_continues_from_checkpoint(tmp_path):
+  fixed = dict(train_stream=counting_stream(fixed=True), callbacks=[Recorder])
+  Recorder.instances.clear()
+  first = _train(tmp_path / 'resumed', 4, **fixed)
+  assert first.step == 4
+  saved = _flat(first.model.weights)
+  second = _train(tmp_path / 'resumed', 8, **fixed)
+  run1, run2 = Recorder.instances
+  assert run1.steps == [1, 2, 3, 4]
+  assert run2.steps == [5, 6, 7, 8] and second.step == 8
+  # The second run starts from the saved weights, not from a fresh init.
+  assert len(run2.first_weights) == len(saved)
+  for a, b in zip(run2.first_weights, saved):
+    np.testing.assert_array_equal(a, b)
+  assert any(not np.array_equal(a, b)
+             for a, b in zip(run1.first_weights, saved))
+  # 4 + 4 steps give the same weights as 8 in one go (optimizer state too).
+  straight = _train(tmp_path / 'straight', 8, **fixed)
+  for a, b in zip(_flat(second.model.weights), _flat(straight.model.weights)):
+    np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)
+  # Asking for no more steps than done trains nothing.
+  again = _train(tmp_path / 'resumed', 8, **fixed)
+  assert again.step == 8 and Recorder.instances[-1].steps == []
+
+
+def test_empty_stream_is_a_user_error_and_writes_nothing(tmp_path):
+  out = tmp_path / 'out'
+  with pytest.raises(errors.TerraformerError, match='train_stream'):
+    _train(out, 2, train_stream=lambda: iter([]))
+  assert not out.exists()
+
+
+_DATA_PARALLEL_SCRIPT = textwrap.dedent("""
+    import json, sys
+    sys.path.insert(0, {tests_dir!r})
+    import jax
+    import test_training as t
+    from terraformer import errors
+    out = sys.argv[1]
+    loop = t._train(out + '/run', 30, eval_every=10)
+    resumed = t._train(out + '/run', 32, eval_every=10)
+    try:
+      t._train(out + '/odd', 2, train_stream=t.counting_stream(batch_size=3))
+      odd = 'no error'
+    except errors.TerraformerError as e:
+      odd = str(e)
+    evals = loop.history.get('eval', 'metrics/log_perplexity')
+    print('RESULT ' + json.dumps({{
+        'devices': jax.local_device_count(), 'loop_devices': loop.n_devices,
+        'first': evals[0][1], 'last': evals[-1][1],
+        'resumed_step': resumed.step, 'odd': odd}}))
+""")
+
+
+@pytest.mark.slow
+def test_data_parallel_on_two_devices(tmp_path):
+  script = _DATA_PARALLEL_SCRIPT.format(
+      tests_dir=os.path.dirname(os.path.abspath(__file__)))
+  env = dict(os.environ, XLA_FLAGS='--xla_force_host_platform_device_count=2',
+             JAX_PLATFORMS='cpu')
+  out = subprocess.run([sys.executable, '-c', script, str(tmp_path)], env=env,
+                       capture_output=True, text=True, timeout=400)
+  assert out.returncode == 0, out.stderr[-3000:]
+  line = [l for l in out.stdout.splitlines() if l.startswith('RESULT ')][-1]
+  result = json.loads(line[len('RESULT '):])
+  assert result['devices'] == 2 and result['loop_devices'] == 2
+  assert result['last'] < result['first'] - 0.5
+  assert result['resumed_step'] == 32
+  assert 'not divisible' in result['odd'] and '(2)' in result['odd']
+  assert not os.path.exists(tmp_path / 'odd')
