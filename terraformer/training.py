@@ -127,7 +127,8 @@ def train(output_dir,
     optimizer: Trax optimizer class, called with no args (configure via gin).
     lr_schedule_fn: function with no args returning a schedule step -> lr.
     eval_every: evaluate at step 1, every this many steps and at the end.
-    eval_batches: number of eval batches averaged per evaluation.
+    eval_batches: number of eval batches averaged per evaluation; the first
+      `eval_batches` of `eval_stream`, the same ones at every evaluation.
     checkpoint_every: save `model.pkl.gz` every this many steps and at the end.
     permanent_checkpoint_every: also keep `model_{step}.pkl.gz` this often.
     random_seed: seed for weight init and rngs; None: from the clock.
@@ -145,6 +146,9 @@ def train(output_dir,
       train_stream, 'train_stream', n_devices)
   eval_batch, eval_batches_it = _first_batch(
       eval_stream, 'eval_stream', n_devices)
+  # Every evaluation sees the same `eval_batches` batches: comparable curves.
+  eval_set = list(itertools.islice(eval_batches_it, eval_batches))
+  eval_batches_it = itertools.cycle(eval_set)
 
   train_task = training.TrainTask(
       train_batches, tl.WeightedCategoryCrossEntropy(), optimizer(),

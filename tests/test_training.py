@@ -181,3 +181,18 @@ def test_data_parallel_on_two_devices(tmp_path):
   assert result['resumed_step'] == 32
   assert 'not divisible' in result['odd'] and '(2)' in result['odd']
   assert not os.path.exists(tmp_path / 'odd')
+
+
+def test_every_evaluation_sees_the_same_batches(tmp_path):
+  drawn = []
+  counting = counting_stream(seed=1)
+
+  def eval_stream():
+    for batch in counting():
+      drawn.append(batch)
+      yield batch
+
+  loop = _train(tmp_path / 'run', steps=4, eval_every=2, eval_stream=eval_stream)
+  evals = loop.history.get('eval', 'metrics/loss')
+  assert [step for step, _ in evals] == [1, 2, 4]
+  assert len(drawn) == 2  # only the first eval_batches batches are drawn
