@@ -192,7 +192,8 @@ def test_every_evaluation_sees_the_same_batches(tmp_path):
       drawn.append(batch)
       yield batch
 
-  loop = _train(tmp_path / 'run', steps=4, eval_every=2, eval_stream=eval_stream)
+  loop = _train(tmp_path / 'run', steps=4, eval_every=2,
+                eval_stream=eval_stream)
   evals = loop.history.get('eval', 'metrics/loss')
   assert [step for step, _ in evals] == [1, 2, 4]
   assert len(drawn) == 2  # only the first eval_batches batches are drawn

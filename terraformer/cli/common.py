@@ -40,8 +40,9 @@ def define_config_flags(flag_values):
       'config_file', None, 'Gin config file; repeat to use several.',
       flag_values=flag_values)
   flags.DEFINE_multi_string(
-      'config', None, "Gin binding, e.g. --config='train.steps = 10'; "
-      'repeat to use several.', flag_values=flag_values)
+      'config', None,
+      "Gin binding, e.g. --config='terraformer.train.steps = 10'; repeat to "
+      'use several.', flag_values=flag_values)
 
 
 def _one_line(error):

@@ -4,25 +4,12 @@ import os
 import subprocess
 import sys
 
-import gin
 import pytest
 
 import tiny_lm
-from terraformer.cli import common
 from terraformer.cli import info as info_cli
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-
-
-@pytest.fixture(scope='module', autouse=True)
-def _imports_done():
-  common.setup()
-
-
-@pytest.fixture(autouse=True)
-def _clear_gin():
-  yield
-  gin.clear_config()  # Leave no bindings to the tests that follow.
 
 
 def _run(capsys, *args):
