@@ -19,7 +19,10 @@ from trax.supervised import callbacks as trax_callbacks
 from trax.supervised import lr_schedules
 from trax.supervised import training
 
+from terraformer import compat
 from terraformer import errors
+
+compat.apply()  # Loop needs them (checkpoint restore, devices) outside CLIs.
 
 # Eval metrics, by name; log_perplexity is the cross-entropy in nats/token.
 EVAL_METRICS = ('loss', 'accuracy', 'log_perplexity')

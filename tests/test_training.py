@@ -197,3 +197,12 @@ def test_every_evaluation_sees_the_same_batches(tmp_path):
   evals = loop.history.get('eval', 'metrics/loss')
   assert [step for step, _ in evals] == [1, 2, 4]
   assert len(drawn) == 2  # only the first eval_batches batches are drawn
+
+
+@pytest.mark.slow
+def test_importing_training_applies_compat_fixes():
+  code = ('import terraformer.training; from terraformer import compat; '
+          'print(",".join(sorted(compat._APPLIED)))')
+  out = subprocess.run([sys.executable, '-c', code], capture_output=True,
+                       text=True, check=True).stdout.strip().splitlines()[-1]
+  assert out.split(',') == sorted(compat.PATCHES)
