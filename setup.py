@@ -23,12 +23,18 @@ setuptools.setup(
     ],
     extras_require={
         'test': ['pytest>=8'],
-        'eval': ['rouge-score==0.1.2', 'matplotlib>=3.8'],
+        'eval': ['rouge-score==0.1.2', 'matplotlib>=3.8', 'tensorboard>=2.21,<2.22'],
     },
     entry_points={
         'console_scripts': [
             'terraformer-train=terraformer.cli.train:main',
             'terraformer-info=terraformer.cli.info:main',
+            'terraformer-bench=terraformer.cli.bench:main',
+            'terraformer-decode=terraformer.cli.decode:main',
+            'terraformer-eval=terraformer.cli.eval:main',
+            'terraformer-export=terraformer.cli.export:main',
+            'terraformer-memory-bench=terraformer.cli.memory_bench:main',
+            'terraformer-ood=terraformer.cli.ood:main',
         ],
     },
 )
