@@ -139,11 +139,65 @@ def _fix_on_cpu():
   _install('on_cpu', tl, 'on_cpu', on_cpu)
 
 
+# Fix 5: the five-argument `cond`.
+#
+# Trax's LSH attention decodes with `fastmath.cond(pred=, true_operand=,
+# true_fun=, false_operand=, false_fun=)`, JAX's old `lax.cond` signature,
+# which JAX removed (TypeError: unexpected keyword argument 'true_operand');
+# predict mode of `LSHSelfAttention`/`PureLSHSelfAttention` fails. Fix: map
+# that form onto `lax.cond(pred, true_fun, false_fun, operands)`.
+_OLD_COND_ARGS = ('pred', 'true_operand', 'true_fun', 'false_operand',
+                  'false_fun')
+
+
+def _fix_cond():
+  ops = importlib.import_module('trax.fastmath.ops')
+  fastmath = importlib.import_module('trax.fastmath')
+  original = ops.cond
+
+  @functools.wraps(original)
+  def cond(*args, **kwargs):
+    if 'true_operand' not in kwargs and len(args) != 5:
+      return original(*args, **kwargs)
+    bound = dict(zip(_OLD_COND_ARGS, args), **kwargs)
+    return original(
+        bound['pred'], lambda ops: bound['true_fun'](ops[0]),
+        lambda ops: bound['false_fun'](ops[1]),
+        (bound['true_operand'], bound['false_operand']))
+
+  _install('cond', ops, 'cond', cond)
+  _install('cond', fastmath, 'cond', cond)
+
+
+# Fix 6: `stop_gradient` of a Python number.
+#
+# LSH attention's predict mode passes the query length, a Python int, through
+# `fastmath.stop_gradient` and then branches on it (`if q_len > 1`). JAX now
+# returns a (traced) array for it, so the branch raises
+# TracerBoolConversionError. A Python number has no gradient to stop: return
+# it unchanged.
+def _fix_stop_gradient():
+  ops = importlib.import_module('trax.fastmath.ops')
+  fastmath = importlib.import_module('trax.fastmath')
+  original = ops.stop_gradient
+
+  @functools.wraps(original)
+  def stop_gradient(x):
+    if isinstance(x, (bool, int, float)):
+      return x
+    return original(x)
+
+  _install('stop_gradient', ops, 'stop_gradient', stop_gradient)
+  _install('stop_gradient', fastmath, 'stop_gradient', stop_gradient)
+
+
 PATCHES = {
     'tree_unflatten': _fix_tree_unflatten,
     'efficient_attention': _fix_efficient_attention,
     'for_n_devices': _fix_for_n_devices,
     'on_cpu': _fix_on_cpu,
+    'cond': _fix_cond,
+    'stop_gradient': _fix_stop_gradient,
 }
 
 

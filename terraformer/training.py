@@ -21,6 +21,7 @@ from trax.supervised import training
 
 from terraformer import compat
 from terraformer import errors
+from terraformer import finetune
 
 compat.apply()  # Loop needs them (checkpoint restore, devices) outside CLIs.
 
@@ -116,7 +117,8 @@ def train(output_dir,
           permanent_checkpoint_every=None,
           random_seed=None,
           use_memory_efficient_trainer=False,
-          callbacks=()):
+          callbacks=(),
+          init_checkpoint=None):
   """Trains `model` to `steps` total steps, resuming from `output_dir`.
 
   Args:
@@ -137,6 +139,10 @@ def train(output_dir,
     random_seed: seed for weight init and rngs; None: from the clock.
     use_memory_efficient_trainer: Loop's memory-efficient trainer.
     callbacks: extra Loop callback classes (`TrainingStepCallback`).
+    init_checkpoint: fine-tune from this checkpoint (a training output_dir or
+      its `model.pkl.gz`): its weights initialize the model, the optimizer
+      state and step start fresh (§4.4). Ignored when `output_dir` has its
+      own checkpoint: resuming takes precedence.
 
   Returns:
     The `trax.supervised.training.Loop` after training (`.step`, `.history`,
@@ -163,6 +169,8 @@ def train(output_dir,
 
   progress = _Progress(steps)
   output_dir = os.path.expanduser(output_dir)
+  if init_checkpoint:
+    finetune.checkpoint_file(init_checkpoint)  # Fail before writing anything.
   fresh = not os.path.exists(output_dir)
   try:
     loop = training.Loop(
@@ -174,6 +182,10 @@ def train(output_dir,
         random_seed=random_seed,
         use_memory_efficient_trainer=use_memory_efficient_trainer,
         callbacks=[progress.attach] + list(callbacks))
+    if init_checkpoint and not loop.step:
+      n_loaded = finetune.init_weights(loop, init_checkpoint)
+      print(f'Fine-tuning from {init_checkpoint}: loaded {n_loaded} weight '
+            'arrays (optimizer state and step start fresh)', flush=True)
   except BaseException:
     if fresh and os.path.isdir(output_dir):  # Nothing of value written yet.
       shutil.rmtree(output_dir)
@@ -182,6 +194,9 @@ def train(output_dir,
   if loop.step:
     print(f'Resuming from checkpoint at step {loop.step} in {output_dir}',
           flush=True)
+    if init_checkpoint:
+      print(f'init_checkpoint {init_checkpoint} not loaded: resuming from the '
+            'checkpoint in output_dir takes precedence', flush=True)
   if loop.step >= steps:
     print(f'Already trained for {loop.step} >= {steps} steps.', flush=True)
     return loop

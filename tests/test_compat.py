@@ -213,3 +213,54 @@ def test_multi_device_replication_and_step():
   assert status == 'error' and 'harding' in message, message
   status, loss = result['step_fixed']
   assert status == 'ok' and np.isfinite(loss) and loss > 0
+
+
+# Fixes 5 and 6: LSH attention decodes (predict mode) step by step.
+
+
+def _lsh_decode_steps():
+  """Causal LSH attention in predict mode: a 4-token prefix, then 1 token."""
+  x = np.random.RandomState(0).normal(size=(1, 5, 8)).astype(np.float32)
+  layer = tl.LSHSelfAttention(n_heads=2, d_qk=4, d_v=4, causal=True,
+                              chunk_len=4, n_buckets=2, mode='predict',
+                              predict_mem_len=8, predict_drop_len=2)
+  layer.init(shapes.ShapeDtype((1, 1, 8), np.float32))
+  step = jax.jit(layer.pure_fn)
+  state, rng = layer.state, fastmath.random.get_prng(0)
+  prefix, state = step(jnp.asarray(x[:, :4]), layer.weights, state, rng)
+  last, state = step(jnp.asarray(x[:, 4:]), layer.weights, state, rng)
+  return np.concatenate([prefix, last], axis=1)
+
+
+def test_five_argument_cond():
+  with undone('cond'):
+    with pytest.raises(tl.LayerError, match="unexpected keyword argument "
+                       "'true_operand'"):
+      _lsh_decode_steps()
+  # Both forms of the old signature give lax.cond's result.
+  for args, kwargs in [((True, 1.0, lambda a: a + 1, 5.0, lambda b: b - 1),
+                        {}),
+                       ((), dict(pred=False, true_operand=1.0,
+                                 true_fun=lambda a: a + 1, false_operand=5.0,
+                                 false_fun=lambda b: b - 1))]:
+    expected = 2.0 if (args[0] if args else kwargs['pred']) else 4.0
+    assert float(fastmath.cond(*args, **kwargs)) == expected
+  # The current signature still works.
+  assert float(fastmath.cond(False, lambda a: a + 1, lambda a: a - 1,
+                             1.0)) == 0.0
+
+
+def test_stop_gradient_of_python_numbers():
+  with undone('stop_gradient'):
+    with pytest.raises(tl.LayerError, match='TracerBoolConversionError'):
+      _lsh_decode_steps()
+  assert fastmath.stop_gradient(3) == 3 and isinstance(
+      fastmath.stop_gradient(3), int)
+  x = jnp.ones(3)
+  grad = jax.grad(lambda x: jnp.sum(fastmath.stop_gradient(x) * x))(x)
+  np.testing.assert_array_equal(np.asarray(grad), np.ones(3))
+
+
+def test_lsh_decoding_runs():
+  out = _lsh_decode_steps()
+  assert out.shape == (1, 5, 8) and np.isfinite(out).all()

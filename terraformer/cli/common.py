@@ -26,6 +26,7 @@ _CONFIGURABLE_MODULES = (
     'trax.models', 'trax.optimizers', 'trax.supervised.lr_schedules',
     'terraformer.layers', 'terraformer.models', 'terraformer.data',
     'terraformer.training', 'terraformer.param_count',
+    'terraformer.evaluation',  # text_vocab, bound in the gin files.
 )
 
 # The repository's gin/ folder: `include 'scaling_800m/base.gin'` resolves

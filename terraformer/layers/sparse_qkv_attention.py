@@ -7,6 +7,7 @@ from trax import layers as tl
 from trax.layers import initializers as init
 
 from terraformer.layers.multiplicative_dense import MultiplicativeDense
+from terraformer.layers.prefix_attention import PrefixCausalAttention
 
 
 @gin.configurable(module='terraformer')
@@ -95,14 +96,15 @@ def SparseQKVCausalAttention(d_model, n_modules=16, kernel_size=3,
   """Causal self-attention with sparse Q, K, V and no output layer (Fig. 4b).
 
   x -> y, both [batch, length, d_model]; S = `n_modules` heads of size
-  d_model / S. Predict mode caches keys and values for `max_len` positions.
+  d_model / S. Predict mode caches keys and values for `max_len` positions
+  and reads only the filled part of that cache (PrefixCausalAttention).
   """
   return tl.Serial(
       SparseQKV(d_model, n_modules, kernel_size, 3, causal=True, mode=mode),
       tl.Parallel(tl.SplitIntoHeads(n_modules), tl.SplitIntoHeads(n_modules),
                   tl.SplitIntoHeads(n_modules)),
-      tl.DotProductCausalAttention(dropout=dropout, max_inference_length=max_len,
-                                   mode=mode),
+      PrefixCausalAttention(dropout=dropout, max_inference_length=max_len,
+                            mode=mode),
       tl.MergeHeads(n_modules),
   )
 

@@ -14,6 +14,7 @@ from terraformer.layers import SparseLogits
 from terraformer.layers import SparseQKV
 from terraformer.layers import SparseQKVAttention
 from terraformer.layers import SparseQKVCausalAttention
+from terraformer.layers.prefix_attention import PrefixCausalAttention
 
 
 @gin.configurable(module='terraformer')
@@ -109,8 +110,13 @@ class _Sublayers:
       return SparseQKVCausalAttention(
           self.d_model, self.attention_sparsity, self.kernel_size,
           self.dropout, self.max_len, self.mode)
-    return tl.CausalAttention(self.d_model, self.n_heads, self.dropout,
-                              max_inference_length=self.max_len, mode=self.mode)
+    # tl.CausalAttention's layers, with a core that decodes reading only the
+    # filled part of its key/value cache.
+    return tl.ConfigurableAttention(
+        tl.Dense(self.d_model), tl.Dense(self.d_model),
+        tl.Dense(self.d_model), tl.Dense(self.d_model),
+        PrefixCausalAttention(self.dropout, self.max_len, self.mode),
+        n_heads=self.n_heads)
 
   def bidirectional_attention(self):
     """(x, mask) -> (y, mask)."""

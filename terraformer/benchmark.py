@@ -1,0 +1,396 @@
+"""terraformer-bench: decoding speed of gin-configured models, side by side.
+
+Each model is one gin configuration (one or more files composed, plus the
+common bindings); `decode_speed.benchmark` times it. This module turns gin
+configurations into models, builds Trax 1.4.1's reference model with the
+same settings (`trax.models.research.configurable_transformer`, the code the
+paper's speed figures come from), runs the d_model sweep and formats tables.
+"""
+import functools
+import gc
+import inspect
+
+import gin
+import numpy as np
+
+from terraformer import decode_speed
+from terraformer import errors
+
+# ScalingTransformer keyword -> what the sweep multiplies by d / d_model.
+SWEEP_SCALED = ('d_ff', 'n_heads', 'attention_sparsity')
+DEFAULT_SWEEP_D_MODELS = (512, 1024, 2048, 4096)
+
+
+# ---------------------------------------------------------------------------
+# Models from gin.
+
+
+def configured_model():
+  """(model function, gin selector, effective keyword arguments).
+
+  The model is the one bound to `terraformer.train.model` in the parsed gin
+  config; the keyword arguments are its signature's defaults overridden by
+  the gin bindings (what `model_fn(mode=...)` will use).
+  """
+  try:
+    ref = gin.query_parameter('terraformer.train.model')
+  except ValueError:
+    raise errors.TerraformerError(
+        'no model configured: bind terraformer.train.model') from None
+  if not hasattr(ref, 'scoped_configurable_fn'):
+    raise errors.TerraformerError(
+        'terraformer.train.model must be a configurable reference '
+        f'(@Model), not {ref!r}')
+  model_fn = ref.scoped_configurable_fn
+  kwargs = {}
+  try:
+    params = inspect.signature(ref.configurable.wrapped).parameters
+    kwargs = {k: p.default for k, p in params.items()
+              if p.default is not inspect.Parameter.empty}
+  except (TypeError, ValueError, AttributeError):
+    pass
+  kwargs.update(gin.get_bindings(ref.selector))
+  kwargs.pop('mode', None)
+  return model_fn, ref.selector, kwargs
+
+
+def n_blocks_of(kwargs):
+  """Number of decoder blocks in a model's keyword arguments, or None."""
+  for name in decode_speed.BLOCK_KWARGS:
+    if name in kwargs:
+      return kwargs[name]
+  return None
+
+
+def spec_from_gin(name):
+  """ModelSpec of the model in the parsed gin config (built now)."""
+  model_fn, _, kwargs = configured_model()
+  n_blocks = n_blocks_of(kwargs)
+  model = model_fn(mode='predict')
+  base = None
+  kwarg = decode_speed.blocks_kwarg(model_fn) or next(
+      (k for k in decode_speed.BLOCK_KWARGS if k in kwargs), None)
+  if kwarg and n_blocks:
+    base = model_fn(mode='predict', **{kwarg: 0})
+  decode_speed.check_model(model)
+  return decode_speed.ModelSpec(name, model, base, n_blocks)
+
+
+# ---------------------------------------------------------------------------
+# Trax 1.4.1's reference model.
+
+
+def trax_reference_fn(selector, kwargs):
+  """Trax's ConfigurableTransformer(LM) with a Scaling Transformer's settings.
+
+  Sparse FF -> `ff_sparsity=(N, d_lowrank, temperature, quant_prob)` (Trax's
+  SparseFF); sparse QKV -> `tl.MultiplicativeConvCausalAttention(sparsity=S,
+  length_kernel_size=F)` for self-attention and `enc_dec_attention_sparsity=S`
+  (sparse queries, no output layer) in encoder-decoder attention; sparse loss
+  -> `loss_sparsity=S, loss_sparsity_type='mult'`. Dropout is 0 (Trax's
+  predict-mode positional encoding refuses any other value).
+
+  Returns:
+    function(mode=..., **overrides) -> layer.
+  """
+  from trax import layers as tl  # pylint: disable=g-import-not-at-top
+  from trax.models.research import configurable_transformer as ct  # pylint: disable=g-import-not-at-top
+  name = selector.split('.')[-1]
+  if name not in ('ScalingTransformer', 'ScalingTransformerLM'):
+    raise errors.TerraformerError(
+        f'--compare_trax: no Trax reference for model {name!r} (only '
+        'ScalingTransformer and ScalingTransformerLM)')
+  k = kwargs
+  n_ff = k.get('ff_sparsity', 0)
+  ff_sparsity = ((n_ff, k.get('d_lowrank', 64), k.get('ff_temperature', 0.1),
+                  k.get('ff_quant_prob', 0.3)) if n_ff else 0)
+  s_att = k.get('attention_sparsity', 0)
+  max_len = k.get('max_len', 2048)
+  if s_att:
+    attention = functools.partial(
+        tl.MultiplicativeConvCausalAttention, sparsity=s_att,
+        length_kernel_size=k.get('attention_kernel_size', 3),
+        max_inference_length=max_len)
+  else:
+    attention = functools.partial(tl.CausalAttention,
+                                  max_inference_length=max_len)
+  common = dict(d_model=k['d_model'], d_ff=k['d_ff'], n_heads=k['n_heads'],
+                max_len=max_len, dropout=0.0, ff_dropout=0.0,
+                ff_sparsity=ff_sparsity,
+                loss_sparsity=k.get('loss_sparsity', 0),
+                loss_sparsity_type='mult')
+  if name == 'ScalingTransformer':
+    return functools.partial(
+        ct.ConfigurableTransformer, k['input_vocab_size'],
+        output_vocab_size=k.get('output_vocab_size'),
+        n_encoder_layers=k['n_encoder_layers'],
+        n_decoder_layers=k['n_decoder_layers'],
+        encoder_decoder_attention_type=attention,
+        enc_dec_attention_sparsity=s_att, **common)
+  return functools.partial(ct.ConfigurableTransformerLM, k['vocab_size'],
+                           n_layers=k['n_layers'], attention_type=attention,
+                           **common)
+
+
+def trax_spec_from_gin(name):
+  """ModelSpec of Trax's reference for the model in the parsed gin config."""
+  _, selector, kwargs = configured_model()
+  ref_fn = trax_reference_fn(selector, kwargs)
+  n_blocks = n_blocks_of(kwargs)
+  kwarg = 'n_decoder_layers' if 'n_decoder_layers' in kwargs else 'n_layers'
+  model = ref_fn(mode='predict')
+  base = ref_fn(mode='predict', **{kwarg: 0}) if n_blocks else None
+  return decode_speed.ModelSpec(name, model, base, n_blocks)
+
+
+# ---------------------------------------------------------------------------
+# Running and reporting.
+
+
+def run(configs, parse, tokens=32, prompt_len=16, repeats=5, seed=0,
+        compare_trax=False, log=print):
+  """Benchmarks each configuration (and Trax's reference for it).
+
+  Args:
+    configs: list of (name, config) pairs; `parse(config, extra_bindings)`
+      parses that model's gin configuration (raising TerraformerError on
+      problems).
+    parse: see above.
+    tokens, prompt_len, repeats, seed: see `decode_speed.time_decode`.
+    compare_trax: also time Trax's reference model of each configuration.
+    log: progress messages.
+
+  Returns:
+    dict: bandwidth_gbps (GEMV, median), bandwidth_gbps_max, settings and
+    models: one result per configuration (see `decode_speed.benchmark`),
+    with `speedup` (first model's ms/token over this one's),
+    `speedup_per_block` and, with compare_trax, `trax` (the reference's
+    result) and `speedup_over_trax`.
+  """
+  # Check every configuration before the long runs.
+  for name, config in configs:
+    parse(config, [])
+    configured_model()
+    if compare_trax:
+      _, selector, kwargs = configured_model()
+      trax_reference_fn(selector, kwargs)
+  bandwidth, bandwidth_max = decode_speed.gemv_bandwidth()
+  log(f'GEMV bandwidth: {bandwidth:.1f} GB/s (median), '
+      f'{bandwidth_max:.1f} GB/s (best)')
+  settings = dict(tokens=tokens, prompt_len=prompt_len, repeats=repeats,
+                  seed=seed, batch_size=1)
+  results = []
+  for name, config in configs:
+    parse(config, [])
+    spec = spec_from_gin(name)
+    trax_spec = trax_spec_from_gin('trax: ' + name) if compare_trax else None
+    log(f'{name}: timing ({spec.n_blocks} decoder blocks)...')
+    result = decode_speed.benchmark(spec, tokens, prompt_len, repeats, seed,
+                                    bandwidth)
+    del spec
+    gc.collect()
+    if trax_spec is not None:
+      log(f'{name}: timing Trax reference...')
+      result['trax'] = decode_speed.benchmark(trax_spec, tokens, prompt_len,
+                                              repeats, seed, bandwidth)
+      result['speedup_over_trax'] = (result['trax']['ms_per_token'] /
+                                     result['ms_per_token'])
+      if result['trax']['ms_per_block'] and result['ms_per_block']:
+        result['speedup_over_trax_per_block'] = (
+            result['trax']['ms_per_block'] / result['ms_per_block'])
+      del trax_spec
+      gc.collect()
+    result['config'] = config if isinstance(config, (str, list)) else str(
+        config)
+    results.append(result)
+    log(format_row(result, results[0]))
+  for result in results:
+    _add_speedups(result, results[0])
+  return {'bandwidth_gbps': bandwidth, 'bandwidth_gbps_max': bandwidth_max,
+          'settings': settings, 'models': results}
+
+
+def _add_speedups(result, baseline):
+  result['speedup'] = baseline['ms_per_token'] / result['ms_per_token']
+  if result.get('ms_per_block') and baseline.get('ms_per_block'):
+    result['speedup_per_block'] = (baseline['ms_per_block'] /
+                                   result['ms_per_block'])
+  else:
+    result['speedup_per_block'] = None
+
+
+def _f(value, fmt):
+  return '-' if value is None else format(value, fmt)
+
+
+HEADER = ('model', 'ms/token', '[min-max]', 'ms/block', 'MB/token',
+          'MB/block', 'bound ms', 'x bound', 'speedup', 'sp/block', 'vs Trax')
+
+
+def format_row(result, baseline):
+  """One table row (a list of strings) for a benchmark result."""
+  speedup = baseline['ms_per_token'] / result['ms_per_token']
+  per_block = None
+  if result.get('ms_per_block') and baseline.get('ms_per_block'):
+    per_block = baseline['ms_per_block'] / result['ms_per_block']
+  mb_block = result.get('bytes_per_block')
+  return [
+      result['name'], _f(result['ms_per_token'], '.1f'),
+      f"[{result['ms_per_token_min']:.1f}-{result['ms_per_token_max']:.1f}]",
+      _f(result.get('ms_per_block'), '.2f'),
+      _f(result['bytes_per_token'] / 1e6, '.1f'),
+      _f(None if mb_block is None else mb_block / 1e6, '.2f'),
+      _f(result.get('bound_ms_per_token'), '.1f'),
+      _f(result.get('achieved_over_bound'), '.2f'),
+      f'{speedup:.2f}x', _f(per_block, '.2f'),
+      _f(result.get('speedup_over_trax'), '.2f')]
+
+
+def _trax_row(trax):
+  return [trax['name'], _f(trax['ms_per_token'], '.1f'),
+          f"[{trax['ms_per_token_min']:.1f}-{trax['ms_per_token_max']:.1f}]",
+          _f(trax.get('ms_per_block'), '.2f')] + ['']*7
+
+
+def format_table(report):
+  """The results of `run` as an aligned text table."""
+  models = report['models']
+  rows = [list(HEADER)]
+  for result in models:
+    rows.append(format_row(result, models[0]))
+  for result in models:
+    if 'trax' in result:
+      rows.append(_trax_row(result['trax']))
+  widths = [max(len(r[i]) for r in rows) for i in range(len(HEADER))]
+  lines = ['  '.join(c.ljust(w) if i == 0 else c.rjust(w)
+                     for i, (c, w) in enumerate(zip(row, widths))).rstrip()
+           for row in rows]
+  settings = report['settings']
+  lines.append(
+      f"batch 1, {settings['tokens']} tokens after a "
+      f"{settings['prompt_len']}-token prompt, {settings['repeats']} repeats;"
+      f" bound = bytes read per token / {report['bandwidth_gbps']:.1f} GB/s "
+      '(GEMV, measured in this run); ms/block and MB/block: (model - model '
+      'without decoder blocks) / blocks')
+  return '\n'.join(lines)
+
+
+def json_report(report):
+  """`run`'s report as JSON-ready data (numbers and strings only)."""
+  def clean(value):
+    if isinstance(value, dict):
+      return {str(k): clean(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+      return [clean(v) for v in value]
+    if isinstance(value, (np.floating, np.integer)):
+      return value.item()
+    return value
+  return clean(report)
+
+
+# ---------------------------------------------------------------------------
+# The d_model sweep.
+
+
+def sweep_bindings(selector, kwargs, d_model):
+  """Gin bindings scaling a configuration to `d_model`.
+
+  d_model is set; d_ff, n_heads and attention_sparsity are multiplied by
+  d_model / (the configuration's d_model), so head and module sizes and the
+  FF ratio stay as configured.
+  """
+  base = kwargs['d_model']
+  bindings = [f'{selector}.d_model = {d_model}']
+  for name in SWEEP_SCALED:
+    value = kwargs.get(name)
+    if value:
+      scaled = value * d_model // base
+      if scaled * base != value * d_model or scaled < 1:
+        raise errors.TerraformerError(
+            f'--sweep: {name}={value} at d_model={base} does not scale to '
+            f'd_model={d_model}')
+      bindings.append(f'{selector}.{name} = {scaled}')
+  return bindings
+
+
+def sweep(configs, parse, d_models=DEFAULT_SWEEP_D_MODELS, tokens=16,
+          prompt_len=16, repeats=3, seed=0, log=print):
+  """Speed of each configuration at each d_model; speedups over the first.
+
+  Args:
+    configs: list of (name, config); the first is the baseline (dense).
+    parse: function(config, extra_bindings) parsing that gin configuration.
+
+  Returns:
+    dict: bandwidth_gbps, d_models, rows: one per d_model with, per
+    configuration name, its benchmark result, and speedup / per-block
+    speedup of each configuration over the first.
+  """
+  bandwidth, _ = decode_speed.gemv_bandwidth()
+  rows = []
+  for d_model in d_models:
+    row = {'d_model': d_model, 'models': {}}
+    for name, config in configs:
+      parse(config, [])
+      _, selector, kwargs = configured_model()
+      parse(config, sweep_bindings(selector, kwargs, d_model))
+      spec = spec_from_gin(name)
+      log(f'sweep d_model={d_model}: {name}...')
+      row['models'][name] = decode_speed.benchmark(
+          spec, tokens, prompt_len, repeats, seed, bandwidth)
+      del spec
+      gc.collect()
+    baseline = row['models'][configs[0][0]]
+    for name, _ in configs:
+      _add_speedups(row['models'][name], baseline)
+    rows.append(row)
+    log(format_sweep({'rows': [row], 'names': [n for n, _ in configs]}))
+  return {'bandwidth_gbps': bandwidth, 'd_models': list(d_models),
+          'names': [n for n, _ in configs], 'rows': rows,
+          'settings': dict(tokens=tokens, prompt_len=prompt_len,
+                           repeats=repeats, seed=seed, batch_size=1)}
+
+
+def format_sweep(report):
+  """Sweep table: ms/token, ms/block and speedups per d_model."""
+  names = report['names']
+  lines = []
+  for row in report['rows']:
+    for name in names:
+      r = row['models'][name]
+      lines.append(
+          f"d_model {row['d_model']:>5}  {name:<24} "
+          f"{r['ms_per_token']:8.2f} ms/token  "
+          f"{_f(r.get('ms_per_block'), '7.3f')} ms/block  "
+          f"x bound {_f(r.get('achieved_over_bound'), '.2f')}  "
+          f"speedup {r['speedup']:.2f}x  "
+          f"per block {_f(r.get('speedup_per_block'), '.2f')}x")
+  return '\n'.join(lines)
+
+
+def plot_sweep(report, path):
+  """Writes a PNG: speedup over the first configuration vs d_model."""
+  import matplotlib  # pylint: disable=g-import-not-at-top
+  matplotlib.use('Agg')
+  from matplotlib import pyplot as plt  # pylint: disable=g-import-not-at-top
+  d_models = [row['d_model'] for row in report['rows']]
+  fig, ax = plt.subplots(figsize=(6, 4))
+  for name in report['names'][1:]:
+    for key, style, label in (('speedup', 'o-', 'whole model'),
+                              ('speedup_per_block', 's--', 'per block')):
+      values = [row['models'][name].get(key) for row in report['rows']]
+      if any(v is None for v in values):
+        continue
+      ax.plot(d_models, values, style, label=f'{name}, {label}')
+  ax.set_xscale('log', base=2)
+  ax.set_xticks(d_models)
+  ax.set_xticklabels([str(d) for d in d_models])
+  ax.set_xlabel('d_model')
+  ax.set_ylabel(f'speedup over {report["names"][0]}')
+  ax.set_title('Unbatched decoding, one token (CPU)')
+  ax.axhline(1.0, color='gray', linewidth=0.5)
+  ax.grid(True, alpha=0.3)
+  ax.legend(fontsize=8)
+  fig.tight_layout()
+  fig.savefig(path, dpi=100)
+  plt.close(fig)

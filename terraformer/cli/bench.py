@@ -1,0 +1,176 @@
+"""terraformer-bench: unbatched decoding speed of gin-configured models.
+
+  terraformer-bench --config_file=F [--config_file=G ...] [--config=BINDING]
+      [--tokens=N] [--prompt_len=L] [--repeats=R] [--json=PATH]
+      [--compare_trax]
+  terraformer-bench --sweep [--config_file=DENSE --config_file=SPARSE]
+      [--sweep_d_models=512,1024,2048,4096] [--plot=PATH] [--json=PATH]
+
+Unlike terraformer-train, where several --config_file compose one model,
+here EACH --config_file is one model: several files are several models,
+timed in one run and compared side by side (the first is the baseline of the
+speedup columns). Join files with '+' to compose them into one model
+(--config_file=a.gin+b.gin). --config bindings apply to every model.
+
+Every model gets random weights (speed does not depend on them) and decodes
+--tokens tokens greedily, batch 1, after a --prompt_len-token prompt (the
+encoder input of an encoder-decoder, fed token by token to an LM). The table
+shows ms/token (median and range over --repeats), ms per decoder block, the
+bytes of weights and caches a step reads, the bound those bytes give at the
+GEMV bandwidth measured in the same run, and speedups. --compare_trax also
+times Trax 1.4.1's reference model with the same settings. --sweep scales
+the models over d_model and plots the speedup of each over the first.
+"""
+import json
+import os
+import sys
+
+from absl import flags
+
+from terraformer import errors
+from terraformer.cli import common
+
+PROG = 'terraformer-bench'
+_HERE = os.path.dirname(os.path.abspath(__file__))
+_GIN_DIR = os.path.join(os.path.dirname(os.path.dirname(_HERE)), 'gin')
+DEFAULT_SWEEP_CONFIGS = ('bench/sweep_dense.gin', 'bench/sweep_sparse.gin')
+
+
+def _define_flags(flag_values):
+  flags.DEFINE_integer('tokens', 32, 'Tokens decoded (timed) per repeat.',
+                       lower_bound=1, flag_values=flag_values)
+  flags.DEFINE_integer('prompt_len', 16, 'Prompt length.', lower_bound=1,
+                       flag_values=flag_values)
+  flags.DEFINE_integer('repeats', 5, 'Timed repeats (after one warm-up).',
+                       lower_bound=1, flag_values=flag_values)
+  flags.DEFINE_integer('seed', 0, 'Seed of the random weights and prompt.',
+                       flag_values=flag_values)
+  flags.DEFINE_string('json', None, 'Also write the results to this JSON file.',
+                      flag_values=flag_values)
+  flags.DEFINE_bool('compare_trax', False,
+                    "Also time Trax 1.4.1's reference model of each config.",
+                    flag_values=flag_values)
+  flags.DEFINE_bool('sweep', False,
+                    'Sweep d_model; plot the speedup over the first config.',
+                    flag_values=flag_values)
+  flags.DEFINE_list('sweep_d_models', '512,1024,2048,4096',
+                    'd_model values of --sweep.', flag_values=flag_values)
+  flags.DEFINE_string('plot', 'terraformer_bench_sweep.png',
+                      'PNG written by --sweep.', flag_values=flag_values)
+
+
+def split_config_files(argv):
+  """(argv without --config_file flags, [[files of model 1], ...]).
+
+  Each --config_file value is one model; 'a.gin+b.gin' composes two files.
+  """
+  rest, models, i = [], [], 0
+  while i < len(argv):
+    arg = argv[i]
+    value = None
+    if arg.startswith('--config_file='):
+      value = arg[len('--config_file='):]
+    elif arg == '--config_file' and i + 1 < len(argv):
+      value = argv[i + 1]
+      i += 1
+    else:
+      rest.append(arg)
+    if value is not None:
+      models.append([f for f in value.split('+') if f])
+      if not models[-1]:
+        raise errors.TerraformerError('empty --config_file')
+    i += 1
+  return rest, models
+
+
+def model_name(files, taken):
+  """Label of a model: its file names without .gin, joined by '+'."""
+  base = '+'.join(os.path.splitext(os.path.basename(f))[0] for f in files)
+  name, n = base, 2
+  while name in taken:
+    name, n = f'{base}#{n}', n + 1
+  taken.add(name)
+  return name
+
+
+def _check_writable_file(path, flag):
+  if not path:
+    return
+  folder = os.path.dirname(os.path.abspath(path)) or '.'
+  if not os.path.isdir(folder):
+    raise errors.TerraformerError(
+        f'--{flag}={path}: folder {folder!r} does not exist')
+  if not os.access(folder, os.W_OK):
+    raise errors.TerraformerError(
+        f'--{flag}={path}: folder {folder!r} is not writable')
+  if os.path.isdir(path):
+    raise errors.TerraformerError(f'--{flag}={path} is a directory')
+
+
+def _log(message):
+  print(message, file=sys.stderr, flush=True)
+
+
+def _bench(flag_values, model_files):
+  from terraformer import benchmark  # pylint: disable=g-import-not-at-top
+  bindings = list(flag_values.config or [])
+
+  def parse(files, extra):
+    common.parse_gin(files, bindings + list(extra))
+
+  taken = set()
+  configs = [(model_name(files, taken), files) for files in model_files]
+  if flag_values.sweep:
+    try:
+      d_models = [int(d) for d in flag_values.sweep_d_models]
+    except ValueError:
+      raise errors.TerraformerError(
+          f'--sweep_d_models: not integers: {flag_values.sweep_d_models}'
+      ) from None
+    if not configs:
+      configs = [(model_name([f], taken), [os.path.join(_GIN_DIR, f)])
+                 for f in DEFAULT_SWEEP_CONFIGS]
+    if len(configs) < 2:
+      raise errors.TerraformerError(
+          '--sweep needs two or more models (the first is the baseline)')
+    report = benchmark.sweep(configs, parse, d_models, flag_values.tokens,
+                             flag_values.prompt_len, flag_values.repeats,
+                             flag_values.seed, log=_log)
+    print(benchmark.format_sweep(report))
+    benchmark.plot_sweep(report, flag_values.plot)
+    print(f'plot: {flag_values.plot}')
+  else:
+    if not configs:
+      raise errors.TerraformerError('at least one --config_file is required')
+    report = benchmark.run(configs, parse, flag_values.tokens,
+                           flag_values.prompt_len, flag_values.repeats,
+                           flag_values.seed, flag_values.compare_trax,
+                           log=lambda m: _log(m if isinstance(m, str)
+                                              else '  '.join(m)))
+    print(benchmark.format_table(report))
+  if flag_values.json:
+    with open(flag_values.json, 'w') as f:
+      json.dump(benchmark.json_report(report), f, indent=2)
+  return 0
+
+
+def main(argv=None):
+  argv = sys.argv if argv is None else argv
+  try:
+    argv, model_files = split_config_files(list(argv))
+  except errors.TerraformerError as e:
+    print(f'{PROG}: error: {e}', file=sys.stderr)
+    return common.EXIT_USAGE
+
+  def precheck(flag_values):
+    common.check_config_files([f for files in model_files for f in files])
+    _check_writable_file(flag_values.json, 'json')
+    if flag_values.sweep:
+      _check_writable_file(flag_values.plot, 'plot')
+
+  return common.run(PROG, argv, _define_flags,
+                    lambda fv: _bench(fv, model_files), precheck=precheck)
+
+
+if __name__ == '__main__':
+  sys.exit(main())

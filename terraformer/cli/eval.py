@@ -1,0 +1,99 @@
+"""terraformer-eval: ROUGE and perplexity of a trained summarizer (Table 5).
+
+  terraformer-eval --config_file=F --output_dir=CKPT_DIR [--split=test]
+      [--max_examples=N] [--method=sample|greedy|beam] [--temperature=0.5]
+      [--top_k=K] [--top_p=P] [--beam_size=B] [--length_penalty=A]
+      [--max_length=N] [--input_len=N] [--batch_size=N] [--seed=S]
+
+Decodes the articles of a split with the checkpoint in CKPT_DIR and reports
+ROUGE-1, ROUGE-2, ROUGE-LSum and ROUGE-L F1 (rouge-score) and the reference
+log-perplexity; see `terraformer.evaluation.evaluate`, whose gin parameters
+(`terraformer.evaluate.*`) the flags override when given. By default the
+paper's decoding (temperature 0.5) on the offline aclsum papers; bind
+`terraformer.evaluate.examples_fn = @terraformer.data.summarization_pairs`
+for arXiv. Per-example outputs (JSONL) and the summary (JSON) are written
+into CKPT_DIR.
+"""
+import sys
+
+from absl import flags
+
+from terraformer.cli import common
+from terraformer.cli import decode as decode_cli
+
+PROG = 'terraformer-eval'
+# Flags passed to `evaluate` when given (None: the gin binding or default).
+_EVALUATE_FLAGS = ('split', 'max_examples', 'method', 'temperature', 'top_k',
+                   'top_p', 'beam_size', 'length_penalty', 'max_length',
+                   'input_len', 'batch_size', 'seed')
+
+
+def _define_flags(flag_values):
+  define = lambda kind, name, text, **kw: kind(
+      name, None, text, flag_values=flag_values, **kw)
+  define(flags.DEFINE_string, 'output_dir',
+         'Directory with the checkpoint (model.pkl.gz); results go there.')
+  define(flags.DEFINE_string, 'split', 'Split to evaluate (default test).')
+  define(flags.DEFINE_integer, 'max_examples', 'Only the first N examples.',
+         lower_bound=1)
+  flags.DEFINE_enum('method', None, ['greedy', 'sample', 'beam'],
+                    'Decoding method (default sample at temperature 0.5, '
+                    'the paper\'s setting).', flag_values=flag_values)
+  define(flags.DEFINE_float, 'temperature', 'Sampling temperature.')
+  define(flags.DEFINE_integer, 'top_k', 'Top-k sampling.', lower_bound=0)
+  define(flags.DEFINE_float, 'top_p', 'Nucleus sampling probability.')
+  define(flags.DEFINE_integer, 'beam_size', 'Beams (method=beam).',
+         lower_bound=1)
+  define(flags.DEFINE_float, 'length_penalty', 'Beam length penalty alpha.')
+  define(flags.DEFINE_integer, 'max_length',
+         'Most decoded tokens (default the training target length).',
+         lower_bound=1)
+  define(flags.DEFINE_integer, 'input_len',
+         'Article tokens kept (default the training input length).',
+         lower_bound=1)
+  define(flags.DEFINE_integer, 'batch_size', 'Examples decoded together.',
+         lower_bound=1)
+  define(flags.DEFINE_integer, 'seed', 'Sampling seed.')
+
+
+def _precheck(flag_values):
+  decode_cli.check_checkpoint(flag_values.output_dir)
+
+
+def format_summary(summary):
+  """Human-readable lines of an `evaluate` summary (ROUGE in percent)."""
+  names = {'rouge1': 'ROUGE-1', 'rouge2': 'ROUGE-2',
+           'rougeLsum': 'ROUGE-LSum', 'rougeL': 'ROUGE-L (sentence)'}
+  lines = [f'{summary["n_examples"]} examples of split '
+           f'{summary["split"]!r}, checkpoint step {summary["step"]}, '
+           f'method {summary["method"]}'
+           + (f' (temperature {summary["temperature"]})'
+              if summary['method'] == 'sample' else '')]
+  lines += [f'{label:<20} F1 {100 * summary[key]:6.2f}'
+            for key, label in names.items()]
+  lines.append(f'{"log-perplexity":<20} {summary["log_perplexity"]:.4f} '
+               f'(perplexity {summary["perplexity"]:.2f})')
+  lines.append(f'decoding: {summary["n_decoded_tokens"]} tokens in '
+               f'{summary["decode_seconds"]:.1f} s '
+               f'({1000 * summary["seconds_per_token"]:.1f} ms/token)')
+  lines.append(f'per example: {summary["examples_jsonl"]}')
+  lines.append(f'summary:     {summary["summary_json"]}')
+  return '\n'.join(lines)
+
+
+def _eval(flag_values):
+  from terraformer import evaluation  # pylint: disable=g-import-not-at-top
+  common.require_bindings('terraformer.text_vocab', ['vocab_size'])
+  kwargs = {name: getattr(flag_values, name) for name in _EVALUATE_FLAGS
+            if getattr(flag_values, name) is not None}
+  summary = evaluation.evaluate(flag_values.output_dir, **kwargs)
+  print(format_summary(summary))
+  return 0
+
+
+def main(argv=None):
+  return common.run(PROG, argv, _define_flags, _eval, precheck=_precheck)
+
+
+if __name__ == '__main__':
+  sys.exit(main())

@@ -1,0 +1,81 @@
+"""terraformer-export: TensorBoard scalars of runs -> CSV, JSON and PNG plots.
+
+  terraformer-export --logdir=DIR [--logdir=DIR2 ...] [--label=NAME ...]
+      --out=tensorboard_exports/NAME [--metrics=REGEX]
+
+Each --logdir is a run (e.g. a `terraformer-train --output_dir`); --label
+names it in the outputs (one per --logdir; default: the folder names). Writes
+`scalars.csv`, `scalars.json` and one PNG per metric (all runs on one axis).
+It needs no gin config (and does not import Trax).
+"""
+import sys
+
+from absl import flags
+
+from terraformer import errors
+from terraformer.cli import common
+
+PROG = 'terraformer-export'
+
+
+def _define_flags(flag_values):
+  flags.DEFINE_multi_string('logdir', None, 'Run directory; repeat for '
+                            'several runs.', flag_values=flag_values)
+  flags.DEFINE_multi_string('label', None, 'Label of each run, in --logdir '
+                            'order.', flag_values=flag_values)
+  flags.DEFINE_string('out', None, 'Output directory.',
+                      flag_values=flag_values)
+  flags.DEFINE_string('metrics', None, 'Regular expression: export only the '
+                      "matching metrics, e.g. '^eval/'.",
+                      flag_values=flag_values)
+
+
+def _export(flag_values):
+  from terraformer import export  # pylint: disable=g-import-not-at-top
+  if not flag_values.logdir:
+    raise errors.TerraformerError('--logdir is required')
+  if not flag_values.out:
+    raise errors.TerraformerError('--out is required')
+  out = common.check_output_dir(flag_values.out)
+  # Reading event files imports TensorFlow, whose notices go to stderr: hide
+  # them (they come back with an unexpected crash, not with a user error).
+  user_error = None
+  with common._quiet_stderr():  # pylint: disable=protected-access
+    try:
+      result = export.export(flag_values.logdir, out,
+                             labels=flag_values.label,
+                             metrics=flag_values.metrics)
+    except errors.TerraformerError as e:
+      user_error = e
+  if user_error:
+    raise user_error
+  for run in result['runs']:
+    print(f'{run["label"]}: {len(run["metrics"])} metrics from '
+          f'{run["logdir"]}')
+  print(f'Wrote {len(result["files"])} files to {out}')
+  return 0
+
+
+def main(argv=None):
+  """Parses flags and exports; user errors are one line, exit status 2."""
+  argv = sys.argv if argv is None else argv
+  flag_values = flags.FlagValues()
+  _define_flags(flag_values)
+  if any(a in ('-h', '--help', '-help', '--helpfull') for a in argv[1:]):
+    print(f'usage: {PROG} --logdir=DIR [--logdir=DIR ...] --out=DIR\n'
+          f'{flag_values.get_help()}')
+    return 0
+  try:
+    extra = flag_values(list(argv))[1:]
+    if extra:
+      raise errors.TerraformerError(
+          f'unexpected argument(s): {" ".join(extra)}')
+    return _export(flag_values)
+  except (flags.Error, errors.TerraformerError) as e:
+    print(f'{PROG}: error: {common._first_line(e)}',  # pylint: disable=protected-access
+          file=sys.stderr)
+  return common.EXIT_USAGE
+
+
+if __name__ == '__main__':
+  sys.exit(main())

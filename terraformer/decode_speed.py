@@ -1,0 +1,470 @@
+"""Unbatched decoding speed of predict-mode models (paper Tables 1, 2, 6, 7).
+
+The paper's headline figure is the time to decode ONE token, batch 1, on CPU.
+That step is memory-bound: it reads every weight it touches once and does
+little arithmetic per byte. So next to the measured time this module counts
+the bytes of weights and caches a step reads and turns them into a bound,
+`bytes / GEMV bandwidth` (the bandwidth measured in the same process): a
+sparse model is fast because it reads few bytes, and an implementation is
+good when it runs close to that bound.
+
+The fast decoding step, reusable by any decoder (`terraformer.decoding`):
+
+  step = make_step(model)                  # jitted, state donated
+  outputs, state = step(x, weights, state, rng)
+
+`FastPredict(model, weights, state)` wraps it as `outputs = fast(x)`. The
+state passed in is consumed (its buffers are donated: caches update in place),
+so never reuse a state after passing it to `step`.
+
+Any model following the project's predict contract works: enc-dec models
+(`n_in == 2`) are called with `(inputs [1, L], prev_token [1, 1])`, the first
+call running the encoder; decoder-only LMs with `prev_token [1, 1]`.
+"""
+import collections
+import copy
+import gc
+import inspect
+import time
+import warnings
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from trax import layers as tl
+from trax import shapes
+from trax.layers import attention as trax_attention
+from trax.layers import combinators as trax_combinators
+from trax.layers import core as trax_core
+
+from terraformer import errors
+from terraformer.layers.prefix_attention import PrefixCausalAttention
+from terraformer.layers.prefix_attention import bucket_for
+from terraformer.layers.sparse_ff import SparseFF
+
+# Keyword arguments of model functions that set the number of decoder blocks.
+BLOCK_KWARGS = ('n_decoder_layers', 'n_layers')
+
+# ---------------------------------------------------------------------------
+# The jitted step.
+
+
+def make_step(model, donate_state=True):
+  """`step(x, weights, state, rng) -> (outputs, new_state)`, jitted.
+
+  One XLA computation per token for the whole model. With `donate_state`
+  the state's buffers are donated to the call: key/value caches and
+  convolution buffers are updated in place instead of copied every token.
+  `model` must hold weights and state of the right structure (e.g. after
+  `init`, or `model.weights, model.state = weights, state`): Trax's
+  `pure_fn` restores them after the call.
+  """
+  donate = (2,) if donate_state else ()
+  return jax.jit(model.pure_fn, donate_argnums=donate)
+
+
+class FastPredict:
+  """A predict-mode model called through one jitted, state-donating step.
+
+    fast = FastPredict(model, weights, state)
+    logits = fast(x)              # like model(x), state kept in fast.state
+
+  `weights` and `state` default to the model's own. The state given is
+  consumed: `FastPredict` owns it.
+  """
+
+  def __init__(self, model, weights=None, state=None, rng=None,
+               donate_state=True):
+    self.model = model
+    self.weights = model.weights if weights is None else weights
+    self.state = model.state if state is None else state
+    if weights is not None or state is not None:
+      model.weights, model.state = self.weights, self.state
+    self.rng = jax.random.PRNGKey(0) if rng is None else rng
+    self._step = make_step(model, donate_state)
+
+  def __call__(self, x):
+    with warnings.catch_warnings():
+      # The first call changes the state's structure (tl.Cache fills in), so
+      # some donated buffers cannot be reused; that is expected.
+      warnings.filterwarnings('ignore', message='Some donated buffers')
+      outputs, self.state = self._step(x, self.weights, self.state, self.rng)
+    return outputs
+
+
+# ---------------------------------------------------------------------------
+# Shape-correct random weights, without running the initializers.
+
+
+def is_encoder_decoder(model):
+  return model.n_in >= 2
+
+
+def predict_signature(model, prompt_len=16, batch=1):
+  """Input signature of a predict-mode call: one token (and the prompt)."""
+  token = shapes.ShapeDtype((batch, 1), np.int32)
+  if is_encoder_decoder(model):
+    return (shapes.ShapeDtype((batch, prompt_len), np.int32), token)
+  return token
+
+
+def init_shapes(model, signature):
+  """(weights, state) of `model.init(signature)` as ShapeDtypeStruct trees.
+
+  Traced on a copy: `model` is untouched and no weight is computed.
+  """
+  scratch = copy.deepcopy(model)
+  return jax.eval_shape(
+      lambda: scratch.init(signature, rng=jax.random.PRNGKey(0)))
+
+
+def random_weights(weight_shapes, seed=0):
+  """Random arrays in place of a weights tree of shapes (fast, no init).
+
+  Matrices get N(0, 1/fan_in), vectors N(0, 0.02^2): decoding speed does not
+  depend on the values, but they must stay finite through the layers.
+  """
+  rng = np.random.default_rng(seed)
+
+  def fill(leaf):
+    if not jnp.issubdtype(leaf.dtype, jnp.floating):
+      return jnp.zeros(leaf.shape, leaf.dtype)
+    values = rng.standard_normal(leaf.shape, dtype=np.float32)
+    values *= (1.0 / np.sqrt(leaf.shape[0])) if len(leaf.shape) >= 2 else 0.02
+    return jnp.asarray(values.astype(leaf.dtype))
+
+  return jax.tree_util.tree_map(fill, weight_shapes)
+
+
+def zero_state(state_shapes):
+  """Fresh predict-mode state from its shapes: empty caches are all zeros.
+
+  Every predict-mode state of Trax and of this project starts at zeros
+  (key/value caches, convolution buffers, position counters, tl.Cache's
+  empty slot); tests/test_decode_speed.py checks it against `model.init`.
+  """
+  return jax.tree_util.tree_map(lambda s: jnp.zeros(s.shape, s.dtype),
+                                state_shapes)
+
+
+# ---------------------------------------------------------------------------
+# Bytes a decoding step reads.
+
+
+def _nbytes(tree):
+  return sum(int(np.prod(leaf.shape, dtype=np.int64)) * leaf.dtype.itemsize
+             for leaf in jax.tree_util.tree_leaves(tree))
+
+
+def _row_bytes(array, n_rows):
+  """Bytes of `n_rows` slices array[i] (rows of the leading axis)."""
+  return n_rows * int(np.prod(array.shape[1:], dtype=np.int64)) * (
+      array.dtype.itemsize)
+
+
+def _leaf_layer_bytes(layer, weights, state, position, n_tokens):
+  """Bytes one step reads from a layer without sublayers.
+
+  Default: all its weights and all its state (caches). Layers known to read
+  less say so here; the code they describe is their predict-mode forward.
+  """
+  if isinstance(layer, SparseFF):
+    # Controller (C1, C2), b2; one row of W1ᵀ and W2 and one b1 entry per
+    # block per token (SparseFF._forward_selected_rows).
+    c1, c2, w1t, b1, w2, b2 = weights
+    rows = n_tokens * layer.n_blocks
+    return (_nbytes((c1, c2, b2)) + _row_bytes(w1t, rows)
+            + _row_bytes(w2, rows) + rows * b1.dtype.itemsize)
+  if isinstance(layer, trax_core.Dropout) and layer._mode != 'train':  # pylint: disable=protected-access
+    return 0  # Its state (the rate) is only read in train mode.
+  if isinstance(layer, trax_core.Embedding):
+    return _row_bytes(weights, n_tokens)
+  if isinstance(layer, trax_attention.PositionalEncoding):
+    table = weights[0] if isinstance(weights, (tuple, list)) else weights
+    return _row_bytes(table.reshape((-1, table.shape[-1])), n_tokens) + (
+        _nbytes(state))
+  if isinstance(layer, PrefixCausalAttention) and len(state) == 3:
+    # Keys and values [batch * heads, max_len, d_head]: the step reads the
+    # smallest bucket holding positions 0..position.
+    keys, values, index = state
+    size = bucket_for(position + n_tokens, keys.shape[1],
+                      min_bucket=layer.buckets[0])
+    per_position = lambda a: _nbytes(a) // a.shape[1]
+    return size * (per_position(keys) + per_position(values)) + _nbytes(index)
+  return _nbytes(weights) + _nbytes(state)
+
+
+def _layer_bytes(layer, weights, state, position, n_tokens, out):
+  if isinstance(weights, dict) and weights == tl.GET_WEIGHTS_FROM_CACHE:
+    weights = ()  # A shared layer: its weights are counted where first used.
+  if isinstance(layer, trax_combinators.Cache):
+    cached, sub_state = state
+    if not (isinstance(cached, tuple) and not cached):
+      # After the first call: the cached outputs are read, the layer not run.
+      out['Cache'] += _nbytes(cached)
+      return
+    _layer_bytes(layer.sublayer, weights[0], sub_state, position, n_tokens,
+                 out)
+    return
+  subs = layer.sublayers
+  if subs:
+    for i, sub in enumerate(subs):
+      sub_w = weights[i] if len(weights) == len(subs) else ()
+      sub_s = state[i] if (isinstance(state, (tuple, list))
+                           and len(state) == len(subs)) else ()
+      _layer_bytes(sub, sub_w, sub_s, position, n_tokens, out)
+    return
+  n = _leaf_layer_bytes(layer, weights, state, position, n_tokens)
+  if n:
+    out[type(layer).__name__] += n
+
+
+def step_bytes(model, weights, state, position, n_tokens=1):
+  """Bytes of weights and caches one predict step reads, by layer class.
+
+  Args:
+    model: predict-mode Trax layer.
+    weights: its weights (arrays or ShapeDtypeStructs).
+    state: its state (or shapes) at the step, after the first call (the
+      encoder then is cached and not run again).
+    position: decoder position of the token the step decodes (0 first).
+    n_tokens: tokens per step (batch size; 1 unbatched).
+
+  Returns:
+    {layer class name: bytes}; activations (vectors of d_model floats) are
+    not counted.
+  """
+  out = collections.Counter()
+  _layer_bytes(model, weights, state, position, n_tokens, out)
+  return dict(out)
+
+
+# ---------------------------------------------------------------------------
+# Memory bandwidth.
+
+
+def gemv_bandwidth(megabytes=256, repeats=10):
+  """GB/s of a jitted float32 GEMV over a `megabytes` matrix (median, max)."""
+  cols = 1024
+  rows = megabytes * 2**20 // (4 * cols)
+  matrix = jnp.asarray(np.random.default_rng(0).standard_normal(
+      (rows, cols), dtype=np.float32))
+  vector = jnp.ones((cols,), jnp.float32)
+  gemv = jax.jit(jnp.dot)
+  gemv(matrix, vector).block_until_ready()
+  times = []
+  for _ in range(repeats):
+    start = time.perf_counter()
+    gemv(matrix, vector).block_until_ready()
+    times.append(time.perf_counter() - start)
+  size = matrix.size * 4
+  del matrix
+  return size / np.median(times) / 1e9, size / min(times) / 1e9
+
+
+# ---------------------------------------------------------------------------
+# Timing.
+
+
+def _logits(outputs):
+  return outputs[0] if isinstance(outputs, (tuple, list)) else outputs
+
+
+@jax.jit
+def _greedy(logits):
+  return jnp.argmax(logits[:, -1, :], axis=-1).astype(jnp.int32)[:, None]
+
+
+def time_decode(model, weights, state_shapes, signature, tokens=32,
+                repeats=5, seed=0, prompt_len=16):
+  """Times greedy decoding of `tokens` tokens, batch 1, `repeats` times.
+
+  Each repeat starts from empty caches: (enc-dec) one call with the prompt
+  of `signature` runs the encoder, (LM) a `prompt_len`-token prompt is fed
+  token by token; then `tokens` steps are timed, each feeding the argmax of
+  the previous logits. One untimed warm-up repeat compiles the steps.
+
+  Returns:
+    dict with `ms_per_token` (one figure per repeat: time / tokens) and
+    `steady_state` (the state after the first call, for step_bytes) and
+    `first_position` (decoder position of the first timed token).
+  """
+  encdec = is_encoder_decoder(model)
+  if encdec:
+    prompt_len = signature[0].shape[1]
+  prompt = jnp.asarray(np.random.default_rng(seed).integers(
+      1, 100, size=(1, prompt_len)).astype(np.int32))
+  rng = jax.random.PRNGKey(seed)
+  model.weights, model.state = weights, zero_state(state_shapes)
+  step = make_step(model)
+  per_repeat, steady = [], None
+  with warnings.catch_warnings():
+    warnings.filterwarnings('ignore', message='Some donated buffers')
+    for repeat in range(repeats + 1):
+      state = zero_state(state_shapes)
+      token = jnp.zeros((1, 1), jnp.int32)
+      if encdec:
+        outputs, state = step((prompt, token), weights, state, rng)
+        token = _greedy(_logits(outputs))
+        first_position = 1
+      else:  # Positions 0..P-1 get 0, p_0, ..., p_{P-2}; then p_{P-1}.
+        for t in range(prompt_len):
+          outputs, state = step(token, weights, state, rng)
+          token = prompt[:, t:t + 1]
+        first_position = prompt_len
+      if steady is None:
+        steady = jax.tree_util.tree_map(
+            lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype), state)
+      jax.block_until_ready(token)
+      start = time.perf_counter()
+      for _ in range(tokens):
+        x = (prompt, token) if encdec else token
+        outputs, state = step(x, weights, state, rng)
+        token = _greedy(_logits(outputs))
+      jax.block_until_ready(token)
+      if repeat:  # Repeat 0 compiles.
+        per_repeat.append(1e3 * (time.perf_counter() - start) / tokens)
+      del state, outputs
+  return {'ms_per_token': per_repeat, 'steady_state': steady,
+          'first_position': first_position}
+
+
+def mean_step_bytes(model, weights, steady_state, first_position, tokens):
+  """step_bytes averaged over the timed positions, and its total."""
+  totals = collections.Counter()
+  for position in range(first_position, first_position + tokens):
+    totals.update(step_bytes(model, weights, steady_state, position))
+  by_layer = {k: v / tokens for k, v in totals.items()}
+  return by_layer, sum(by_layer.values())
+
+
+# ---------------------------------------------------------------------------
+# Benchmarking model functions.
+
+
+ModelSpec = collections.namedtuple(
+    'ModelSpec', ['name', 'model', 'base_model', 'n_blocks'])
+ModelSpec.__doc__ = """A model to benchmark.
+
+  name: label in tables.
+  model: the predict-mode layer (not initialized: `benchmark` gives it
+    random weights).
+  base_model: the same model without decoder blocks (its embedding, cached
+    encoder and logits), for the per-block figures; None if not available.
+  n_blocks: number of decoder blocks of `model`, or None if unknown.
+"""
+
+
+def blocks_kwarg(model_fn):
+  """The keyword of `model_fn` setting its decoder blocks, or None."""
+  try:
+    params = inspect.signature(model_fn).parameters
+  except (TypeError, ValueError):
+    return None
+  for name in BLOCK_KWARGS:
+    if name in params:
+      return name
+  return None
+
+
+def spec_from_function(name, model_fn, n_blocks=None, **kwargs):
+  """ModelSpec of `model_fn(mode='predict', **kwargs)` and its base model."""
+  model = model_fn(mode='predict', **kwargs)
+  kwarg = blocks_kwarg(model_fn)
+  base = None
+  if kwarg is not None and n_blocks:
+    base = model_fn(mode='predict', **{**kwargs, kwarg: 0})
+  return ModelSpec(name, model, base, n_blocks)
+
+
+def _prepare(model, prompt_len, seed):
+  check_model(model)
+  signature = predict_signature(model, prompt_len)
+  weight_shapes, state_shapes = init_shapes(model, signature)
+  weights = random_weights(weight_shapes, seed)
+  return signature, weights, state_shapes
+
+
+def measure_model(model, tokens=32, prompt_len=16, repeats=5, seed=0):
+  """Times one predict-mode model and counts its step bytes.
+
+  Returns:
+    dict: ms_per_token_repeats (one per repeat), bytes_per_token (mean over
+    the timed positions), bytes_by_layer, n_params.
+  """
+  signature, weights, state_shapes = _prepare(model, prompt_len, seed)
+  timing = time_decode(model, weights, state_shapes, signature, tokens,
+                       repeats, seed, prompt_len)
+  by_layer, total = mean_step_bytes(model, weights, timing['steady_state'],
+                                    timing['first_position'], tokens)
+  n_params = sum(int(np.prod(l.shape, dtype=np.int64))
+                 for l in jax.tree_util.tree_leaves(weights))
+  _drop_arrays(model)
+  del weights
+  gc.collect()
+  return {'ms_per_token_repeats': timing['ms_per_token'],
+          'bytes_by_layer': by_layer, 'bytes_per_token': total,
+          'n_params': n_params}
+
+
+def _drop_arrays(model):
+  """Replaces a model's weights and state by None leaves (frees memory)."""
+  to_none = lambda tree: jax.tree_util.tree_map(lambda _: None, tree)
+  model.weights, model.state = to_none(model.weights), to_none(model.state)
+
+
+def benchmark(spec, tokens=32, prompt_len=16, repeats=5, seed=0,
+              bandwidth_gbps=None):
+  """Benchmarks a ModelSpec: ms/token, ms/block, bytes/token and the bound.
+
+  The per-block figures are differences between `spec.model` and
+  `spec.base_model` (no decoder blocks), divided by `spec.n_blocks`: the
+  paper's "per block" column (Table 1) leaves out embedding and logits.
+
+  Returns:
+    dict: name, n_blocks, n_params, ms_per_token (median over repeats),
+    ms_per_token_min/max, ms_per_block, bytes_per_token, bytes_per_block,
+    bytes_by_layer and, given `bandwidth_gbps`, bound_ms_per_token,
+    bound_ms_per_block and achieved_over_bound (ms_per_token / bound).
+  """
+  full = measure_model(spec.model, tokens, prompt_len, repeats, seed)
+  ms = full['ms_per_token_repeats']
+  result = {
+      'name': spec.name, 'n_blocks': spec.n_blocks,
+      'n_params': full['n_params'],
+      'ms_per_token': float(np.median(ms)),
+      'ms_per_token_min': float(min(ms)),
+      'ms_per_token_max': float(max(ms)),
+      'bytes_per_token': full['bytes_per_token'],
+      'bytes_by_layer': full['bytes_by_layer'],
+      'ms_per_block': None, 'bytes_per_block': None,
+  }
+  if spec.base_model is not None and spec.n_blocks:
+    base = measure_model(spec.base_model, tokens, prompt_len, repeats, seed)
+    base_ms = float(np.median(base['ms_per_token_repeats']))
+    result['ms_no_blocks'] = base_ms
+    result['ms_per_block'] = (result['ms_per_token'] - base_ms) / spec.n_blocks
+    result['bytes_per_block'] = (
+        full['bytes_per_token'] - base['bytes_per_token']) / spec.n_blocks
+  if bandwidth_gbps:
+    result['bandwidth_gbps'] = bandwidth_gbps
+    result['bound_ms_per_token'] = 1e3 * result['bytes_per_token'] / (
+        bandwidth_gbps * 1e9)
+    result['achieved_over_bound'] = (result['ms_per_token'] /
+                                     result['bound_ms_per_token'])
+    if result['bytes_per_block'] is not None:
+      result['bound_ms_per_block'] = 1e3 * result['bytes_per_block'] / (
+          bandwidth_gbps * 1e9)
+  return result
+
+
+def check_model(model):
+  """Raises TerraformerError unless `model` looks like a predict-mode model."""
+  if not isinstance(model, tl.Layer):
+    raise errors.TerraformerError(
+        f'the model function returned {type(model).__name__}, not a Trax '
+        'layer')
+  if model.n_in not in (1, 2):
+    raise errors.TerraformerError(
+        f'cannot decode a model with {model.n_in} inputs: expected 1 '
+        '(decoder-only LM) or 2 (encoder-decoder)')

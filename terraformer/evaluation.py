@@ -1,0 +1,429 @@
+"""Summarization evaluation (§4.4, Table 5): decode a split, score ROUGE.
+
+`evaluate` (gin: `terraformer.evaluate`) loads the checkpoint that
+`terraformer-train` wrote, decodes the articles of a split with the
+predict-mode model (by default the paper's setting: one left-to-right pass at
+temperature 0.5, see `terraformer.decoding`), and reports
+
+  * ROUGE-1, ROUGE-2, ROUGE-LSum (summary level: longest common subsequences
+    over sentences, one sentence per line) and ROUGE-L (sentence level: the
+    whole text as one sequence) F1, by the `rouge-score` package (the paper's
+    footnotes 4, 5), averaged over examples; the paper reports only F1;
+  * the log-perplexity (nats per token) of the reference abstracts under the
+    eval-mode model, teacher-forced, over all target tokens.
+
+It writes one JSON line per example and a summary JSON into the checkpoint
+directory. Also here: `text_vocab` (gin: `terraformer.text_vocab`, bound to
+the gin files' `VOCAB_SIZE`/`VOCAB_PATH` macros) and `load_model`.
+"""
+import gzip
+import itertools
+import json
+import logging
+import os
+import pickle
+import re
+import time
+
+import gin
+import jax
+import jax.numpy as jnp
+import numpy as np
+from rouge_score import rouge_scorer
+from trax import layers as tl
+from trax import shapes
+import tqdm
+
+from terraformer import compat
+from terraformer import decoding
+from terraformer import errors
+from terraformer.data import aclsum_papers
+from terraformer.data import vocab as vocab_lib
+
+compat.apply()  # Trax 1.4.1 on this JAX (weight unflattening among them).
+
+CHECKPOINT = 'model.pkl.gz'
+ROUGE_TYPES = ('rouge1', 'rouge2', 'rougeLsum', 'rougeL')
+
+
+# --- Vocabulary, checkpoints, models ---------------------------------------
+
+@gin.configurable(module='terraformer')
+def text_vocab(vocab_size=gin.REQUIRED, vocab_path=None, papers_dir=None):
+  """The SentencePiece vocab of a gin config (`terraformer.get_vocab`).
+
+  Gin files bind `text_vocab.vocab_size = %VOCAB_SIZE` (and `vocab_path =
+  %VOCAB_PATH` where the config has a user vocab), so decoding and
+  evaluation tokenize as the data pipeline did.
+  """
+  return vocab_lib.get_vocab(vocab_size, vocab_path, papers_dir)
+
+
+def checkpoint_path(output_dir):
+  """`output_dir/model.pkl.gz`; TerraformerError if it is missing."""
+  if not output_dir:
+    raise errors.TerraformerError('--output_dir is required')
+  path = os.path.join(os.path.expanduser(output_dir), CHECKPOINT)
+  if not os.path.isfile(path):
+    raise errors.TerraformerError(
+        f'no checkpoint {CHECKPOINT} in {output_dir}; train one with '
+        'terraformer-train --output_dir=...')
+  return path
+
+
+def model_from_config():
+  """The model function bound to `terraformer.train.model`."""
+  try:
+    ref = gin.query_parameter('terraformer.train.model')
+  except ValueError:
+    raise errors.TerraformerError(
+        'no model configured: bind terraformer.train.model') from None
+  return getattr(ref, 'scoped_configurable_fn', ref)
+
+
+def _read_checkpoint(path):
+  """(flat weights (list of numpy arrays), training step) of a Loop file."""
+  try:
+    with gzip.open(path, 'rb') as f:
+      saved = pickle.load(f)
+    flat = saved['flat_weights']
+    if isinstance(flat, int):  # Loop keeps the weights in a separate file.
+      flat = tl.np_from_file(path[:-len('.pkl.gz')] + '.weights.npy.gz',
+                             compresslevel=flat)
+  except (OSError, EOFError, KeyError, pickle.UnpicklingError) as e:
+    raise errors.TerraformerError(
+        f'cannot read checkpoint {path}: {e}') from None
+  flat = [np.asarray(jax.lax.bitcast_convert_type(w, jnp.bfloat16))
+          if w.dtype == np.uint16 else w for w in flat]  # Loop's _to_bits.
+  return flat, saved.get('step')
+
+
+def load_model(model_fn, output_dir, mode, signature):
+  """Builds `model_fn(mode=mode)` with the weights of the checkpoint.
+
+  The weights are placed by the model's weight signature (no random init);
+  the state is fresh (empty predict caches).
+
+  Returns:
+    (model, step of the checkpoint).
+  """
+  path = checkpoint_path(output_dir)
+  model = model_fn(mode=mode)
+  flat, step = _read_checkpoint(path)
+  weights_sig = decoding.weights_signature(model, signature)
+  n_expected = len(tl.flatten_weights_and_state(weights_sig, ())[0])
+  if len(flat) != n_expected:
+    raise errors.TerraformerError(
+        f'checkpoint {path} has {len(flat)} weight arrays, the configured '
+        f'model {n_expected}: was it trained with this config?')
+  weights, _ = tl.unflatten_weights_and_state(
+      flat, (), (weights_sig, ()), weights_only=True)
+  for got, want in zip(jax.tree_util.tree_leaves(weights),
+                       jax.tree_util.tree_leaves(weights_sig)):
+    if tuple(got.shape) != tuple(want.shape):
+      raise errors.TerraformerError(
+          f'checkpoint {path}: weight of shape {tuple(got.shape)} where the '
+          f'configured model has {tuple(want.shape)}: was it trained with '
+          'this config?')
+  return with_weights(model, weights, signature), step
+
+
+def with_weights(model, weights, signature):
+  """Gives an uninitialized `model` these weights and a fresh state."""
+  model.state = decoding.initial_state(model, signature)
+  model.weights = jax.tree_util.tree_map(jnp.asarray, weights)
+  return model
+
+
+def _bound(*names):
+  """The first gin binding among `names` (e.g. 'seq2seq_stream.input_len')."""
+  for name in names:
+    for scope in ('', 'train/'):
+      try:
+        return gin.query_parameter(scope + name)
+      except ValueError:
+        pass
+  return None
+
+
+def training_lengths():
+  """(input_len, target_len) of the gin-bound seq2seq data (or None)."""
+  streams = ('summarization_stream', 'seq2seq_stream', 'c4_stream')
+  return (_bound(*(f'{s}.input_len' for s in streams)),
+          _bound(*(f'{s}.target_len' for s in streams)))
+
+
+def encode_input(vocab, text, input_len):
+  """Tokens of an encoder input as in training: ids + EOS, cut to input_len.
+
+  Returns (tokens, number of tokens cut off).
+  """
+  ids = list(vocab.encode(text)) + [vocab.eos_id]
+  return ids[:input_len], max(0, len(ids) - input_len)
+
+
+def detokenize(vocab, ids):
+  """Text of decoded ids; ids past the text vocab (e.g. the sentinels of
+  the masked-word objective, appended after it) are dropped."""
+  return vocab.decode([i for i in ids if 0 <= i < vocab.vocab_size])
+
+
+# --- Examples ---------------------------------------------------------------
+
+@gin.configurable(module='terraformer')
+def paper_pairs(split='test', papers_dir=None):
+  """(body, abstract) pairs of the offline aclsum papers of `split`."""
+  return [(p['body'], p['abstract'])
+          for p in aclsum_papers.load_split(split, papers_dir)]
+
+
+def _examples(examples_fn, split, max_examples):
+  pairs = []
+  for pair in itertools.islice(examples_fn(split=split), max_examples):
+    if isinstance(pair, dict):
+      pair = (pair.get('article', pair.get('body')), pair['abstract'])
+    pairs.append((str(pair[0]), str(pair[1])))
+  if not pairs:
+    raise errors.TerraformerError(f'split {split!r} has no examples')
+  return pairs
+
+
+# --- ROUGE ------------------------------------------------------------------
+
+def _nltk_sentences():
+  """nltk's Punkt sentence splitter if its data is installed, else None."""
+  try:
+    import nltk  # pylint: disable=g-import-not-at-top
+    nltk.data.find('tokenizers/punkt_tab/english/')  # sent_tokenize's data.
+    return nltk.sent_tokenize
+  except (ImportError, LookupError):
+    return None
+
+
+# A sentence ends at . ! or ? followed by whitespace and an upper-case letter,
+# a digit or an opening quote/bracket; common abbreviations do not end one.
+_ABBREVIATIONS = ('e.g', 'i.e', 'al', 'etc', 'vs', 'cf', 'fig', 'eq',
+                  'sec', 'tab', 'no', 'dr', 'mr', 'mrs', 'ms', 'prof', 'approx')
+_BOUNDARY = re.compile(r'(?<=[.!?])["\')\]]?\s+(?=["\'(\[]?[A-Z0-9])')
+
+
+def simple_sentences(text):
+  """Splits `text` into sentences (newlines always split).
+
+  The offline fallback of `split_sentences` when nltk's Punkt data is not
+  installed: a break after '.', '!' or '?' followed by whitespace and an
+  upper-case letter or digit, except after common abbreviations (e.g., et
+  al., Fig.).
+  """
+  sentences = []
+  for line in text.splitlines():
+    start = 0
+    for match in _BOUNDARY.finditer(line):
+      before = line[start:match.start()].rstrip('"\')]').rstrip('.!?')
+      last_word = before.split()[-1].lower() if before.split() else ''
+      if last_word in _ABBREVIATIONS or re.fullmatch(r'[a-z]', last_word):
+        continue
+      sentences.append(line[start:match.start()].strip())
+      start = match.end()
+    sentences.append(line[start:].strip())
+  return [s for s in sentences if s]
+
+
+def split_sentences(text):
+  """Sentences of `text`: nltk Punkt if available offline, else simple."""
+  splitter = _nltk_sentences()
+  if splitter is None:
+    return simple_sentences(text)
+  return [s for line in text.splitlines() for s in splitter(line) if s]
+
+
+def sentence_splitter_name():
+  return 'nltk.punkt' if _nltk_sentences() else 'simple (regex)'
+
+
+def rouge_scores(prediction, reference, use_stemmer=True):
+  """ROUGE-1/2/LSum/L F1 of one example, by `rouge-score`.
+
+  Both texts are split into sentences, one per line, which only ROUGE-LSum
+  uses (the other types tokenize the whole text).
+  """
+  scorer = rouge_scorer.RougeScorer(list(ROUGE_TYPES), use_stemmer=use_stemmer)
+  scores = scorer.score('\n'.join(split_sentences(reference)),
+                        '\n'.join(split_sentences(prediction)))
+  return {name: scores[name].fmeasure for name in ROUGE_TYPES}
+
+
+# --- Perplexity ---------------------------------------------------------------
+
+def reference_log_probs(eval_model, inputs, targets, weights, batch_size):
+  """Per-example (sum of -log p, number of tokens) of the targets.
+
+  Teacher-forced: `eval_model((inputs, targets))` gives the logits of every
+  target position at once (the model shifts the targets right).
+  """
+  forward = jax.jit(eval_model.pure_fn)
+  nll, counts = [], []
+  for start in range(0, len(inputs), batch_size):
+    rows = slice(start, start + batch_size)
+    x, y, w = inputs[rows], targets[rows], weights[rows]
+    n = len(x)
+    if n < batch_size:  # Same shapes for every batch: one compilation.
+      fill = lambda a: np.concatenate([a, np.repeat(a[:1], batch_size - n, 0)])
+      x, y, w = fill(x), fill(y), fill(w)
+    outputs, _ = forward((jnp.asarray(x), jnp.asarray(y)), eval_model.weights,
+                         eval_model.state, eval_model.rng)
+    logits = np.asarray(outputs[0], np.float64)
+    log_p = decoding._log_softmax(logits)  # pylint: disable=protected-access
+    token_log_p = np.take_along_axis(log_p, y[..., None], axis=-1)[..., 0]
+    nll += list(-(token_log_p * w).sum(axis=1)[:n])
+    counts += list(w.sum(axis=1)[:n])
+  return np.array(nll), np.array(counts)
+
+
+# --- evaluate ---------------------------------------------------------------
+
+def _pad_rows(rows, length):
+  out = np.zeros((len(rows), length), np.int32)
+  weights = np.zeros((len(rows), length), np.float32)
+  for i, r in enumerate(rows):
+    out[i, :len(r)] = r
+    weights[i, :len(r)] = 1.0
+  return out, weights
+
+
+@gin.configurable(module='terraformer')
+def evaluate(output_dir, model=None, examples_fn=paper_pairs, split='test',
+             max_examples=None, input_len=None, max_length=None,
+             method='sample', temperature=0.5, top_k=0, top_p=1.0,
+             beam_size=4, length_penalty=0.0, seed=0, batch_size=8,
+             use_stemmer=True, progress=True):
+  """Decodes a summarization split and scores it; writes JSONL + JSON.
+
+  Args:
+    output_dir: directory of the checkpoint (`model.pkl.gz`); the results go
+      there too: `eval_{split}_step{step}.jsonl` (one line per example:
+      article start, reference, prediction, ROUGE F1s, log-perplexity) and
+      `eval_{split}_step{step}.json` (the summary, also returned).
+    model: model function taking `mode=`; default `terraformer.train.model`.
+    examples_fn: function `(split=...) -> iterable of (article, abstract)`
+      text pairs, e.g. `@terraformer.data.summarization_pairs`; default the
+      offline aclsum papers (`paper_pairs`, body -> abstract).
+    split: split passed to `examples_fn`.
+    max_examples: evaluate only the first N examples.
+    input_len: encoder input length: articles are tokenized, EOS appended and
+      cut to this length, as in training; default the bound
+      `summarization_stream`/`seq2seq_stream`/`c4_stream.input_len`, else the
+      model's maximum length.
+    max_length: most decoded tokens; default the bound `target_len` of those
+      streams, else 256. Also the reference length for the perplexity.
+    method, temperature, top_k, top_p, beam_size, length_penalty, seed: see
+      `terraformer.decoding.decode`; the default is the paper's "greedy
+      decoding with temperature 0.5" (sampling at T=0.5, seed 0); use
+      method='greedy' for the argmax.
+    batch_size: examples decoded (and scored) together.
+    use_stemmer: ROUGE with Porter stemming (as the rouge-score scripts and
+      the usual arXiv setups).
+    progress: tqdm progress bars.
+
+  Returns:
+    The summary dict: mean ROUGE F1s (0..1), log_perplexity (nats/token),
+    perplexity, counts, settings and file paths.
+  """
+  started = time.time()
+  output_dir = os.path.expanduser(output_dir)
+  checkpoint_path(output_dir)
+  model_fn = model or model_from_config()
+  vocab = text_vocab()
+  bound_input, bound_target = training_lengths()
+  pairs = _examples(examples_fn, split, max_examples)
+
+  probe = model_fn(mode='predict')
+  if not decoding.is_encoder_decoder(probe):
+    raise errors.TerraformerError(
+        'terraformer-eval needs an encoder-decoder model ((inputs, targets) '
+        f'-> logits); {getattr(model_fn, "__name__", model_fn)} is a '
+        'decoder-only LM')
+  limit = decoding.model_max_length(probe)
+  input_len = input_len or bound_input or limit
+  if not input_len:
+    raise errors.TerraformerError(
+        'set terraformer.evaluate.input_len (no input length is bound)')
+  if limit and input_len > limit:
+    raise errors.TerraformerError(
+        f'input_len={input_len} exceeds the model\'s maximum length {limit}')
+  max_length = max_length or bound_target or 256
+
+  inputs, n_cut = [], 0
+  for article, _ in pairs:
+    ids, cut = encode_input(vocab, article, input_len)
+    inputs.append(ids)
+    n_cut += bool(cut)
+  if n_cut:
+    logging.info('%d of %d articles truncated to %d tokens', n_cut,
+                 len(pairs), input_len)
+
+  predict_sig = (shapes.ShapeDtype((batch_size, input_len), np.int32),
+                 shapes.ShapeDtype((batch_size, 1), np.int32))
+  predict_model, step = load_model(model_fn, output_dir, 'predict',
+                                   predict_sig)
+  decode_start = time.time()
+  outputs = decoding.decode_batches(
+      predict_model, inputs, batch_size=batch_size, progress=progress,
+      max_length=max_length, method=method, temperature=temperature,
+      top_k=top_k, top_p=top_p, beam_size=beam_size,
+      length_penalty=length_penalty, eos_id=vocab.eos_id, seed=seed,
+      input_length=input_len)
+  decode_seconds = time.time() - decode_start
+  predictions = [detokenize(vocab, ids) for ids in outputs]
+
+  references = [abstract for _, abstract in pairs]
+  target_rows = [(list(vocab.encode(r)) + [vocab.eos_id])[:max_length]
+                 for r in references]
+  enc, _ = _pad_rows(inputs, input_len)
+  targets, weights = _pad_rows(target_rows, max_length)
+  eval_sig = (shapes.ShapeDtype((batch_size, input_len), np.int32),
+              shapes.ShapeDtype((batch_size, max_length), np.int32))
+  eval_model = with_weights(model_fn(mode='eval'), predict_model.weights,
+                            eval_sig)  # Same weight tree in every mode.
+  nll, counts = reference_log_probs(eval_model, enc, targets, weights,
+                                    batch_size)
+
+  scores = [rouge_scores(p, r, use_stemmer) for p, r in tqdm.tqdm(
+      zip(predictions, references), total=len(pairs), desc='ROUGE',
+      unit='ex', disable=not progress, leave=False)]
+
+  base = os.path.join(output_dir, f'eval_{split}_step{step}')
+  with open(base + '.jsonl', 'w', encoding='utf-8') as f:
+    for i, ((article, reference), prediction, score) in enumerate(
+        zip(pairs, predictions, scores)):
+      f.write(json.dumps({
+          'index': i, 'article_start': article[:200], 'reference': reference,
+          'prediction': prediction, 'n_input_tokens': len(inputs[i]),
+          'n_output_tokens': len(outputs[i]),
+          'log_perplexity': nll[i] / max(counts[i], 1),
+          'n_reference_tokens': int(counts[i]), **score}) + '\n')
+  log_ppl = float(nll.sum() / counts.sum())
+  n_tokens = int(sum(len(o) for o in outputs))
+  summary = {
+      **{name: float(np.mean([s[name] for s in scores]))
+         for name in ROUGE_TYPES},
+      'log_perplexity': log_ppl,
+      'perplexity': float(np.exp(min(log_ppl, 50.0))),
+      'n_examples': len(pairs), 'n_inputs_truncated': n_cut,
+      'n_decoded_tokens': n_tokens,
+      'decode_seconds': decode_seconds,
+      'seconds_per_token': decode_seconds / max(n_tokens, 1),
+      'total_seconds': time.time() - started,
+      'step': step, 'split': split, 'input_len': input_len,
+      'max_length': max_length, 'method': method,
+      'temperature': temperature if method == 'sample' else None,
+      'top_k': top_k, 'top_p': top_p,
+      'beam_size': beam_size if method == 'beam' else None,
+      'length_penalty': length_penalty if method == 'beam' else None,
+      'seed': seed, 'batch_size': batch_size, 'use_stemmer': use_stemmer,
+      'sentence_splitter': sentence_splitter_name(),
+      'examples_jsonl': base + '.jsonl', 'summary_json': base + '.json',
+  }
+  with open(base + '.json', 'w', encoding='utf-8') as f:
+    json.dump(summary, f, indent=2)
+  return summary

@@ -1,0 +1,134 @@
+"""Fine-tuning: initialize a model with the weights of a pretraining checkpoint.
+
+§4.4: Terraformer is pretrained on C4 and fine-tuned on arXiv summarization.
+`terraformer.train(init_checkpoint=...)` loads the weights of a Trax Loop
+checkpoint (`model.pkl.gz` + `model.weights.npy.gz`) into a fresh Loop; the
+optimizer state and the step start fresh. The checkpoint stores weights as a
+flat list, so they are matched to the model in order; the first weight whose
+shape differs (or that one side lacks) is reported by its path in the layer
+tree, e.g. `Serial[3]/SparseFF.weights[2]: checkpoint (512, 128) vs model
+(1024, 128)`.
+"""
+import os
+
+import jax.numpy as jnp
+import numpy as np
+from trax import fastmath
+from trax import layers as tl
+from trax.supervised import training as trax_training
+
+from terraformer.errors import TerraformerError
+
+_PKL = '.pkl.gz'
+
+
+def checkpoint_file(path):
+  """The `.pkl.gz` file of a checkpoint given as a directory or a file."""
+  path = os.path.expanduser(path)
+  if os.path.isdir(path):
+    path = os.path.join(path, 'model' + _PKL)
+    if not os.path.isfile(path):
+      raise TerraformerError(
+          f'init_checkpoint: no checkpoint (model{_PKL}) in '
+          f'{os.path.dirname(path)}')
+    return path
+  if not os.path.isfile(path):
+    raise TerraformerError(f'init_checkpoint {path!r} not found')
+  if not path.endswith(_PKL):
+    raise TerraformerError(
+        f'init_checkpoint {path!r} is not a Trax checkpoint (*{_PKL} or a '
+        'directory holding model.pkl.gz)')
+  return path
+
+
+def load_flat_weights(path):
+  """The flat list of weight arrays of a checkpoint (directory or file)."""
+  pkl = checkpoint_file(path)
+  try:
+    d = trax_training.unpickle_from_file(pkl, gzip=True)
+    flat = d['flat_weights']
+    if isinstance(flat, int):  # Current format: weights in a separate file.
+      flat = tl.np_from_file(pkl[:-len(_PKL)] + '.weights.npy.gz',
+                             compresslevel=flat)
+  except (OSError, EOFError, KeyError, ValueError, TypeError) as e:
+    raise TerraformerError(
+        f'Cannot read checkpoint {pkl}: {type(e).__name__}: {e}') from None
+  return [np.asarray(w) for w in flat]
+
+
+def named_weights(layer, weights=None, path=None):
+  """[(path, array)] of a layer's weights, in the checkpoint's flat order.
+
+  A weight of sublayer `i` of a combinator is named `Parent[i]/Child`; the
+  arrays of a layer are `Layer.weights` (one) or `Layer.weights[j]`.
+  """
+  weights = layer.weights if weights is None else weights
+  path = path or layer.name
+  sublayers = layer.sublayers
+  if (sublayers and isinstance(weights, (tuple, list))
+      and len(weights) == len(sublayers)):
+    named = []
+    for i, (sublayer, sub_weights) in enumerate(zip(sublayers, weights)):
+      named += named_weights(sublayer, sub_weights,
+                             f'{path}[{i}]/{sublayer.name}')
+    return named
+  leaves = fastmath.tree_flatten(weights)
+  if len(leaves) == 1 and not isinstance(weights, (tuple, list, dict)):
+    return [(f'{path}.weights', leaves[0])]
+  return [(f'{path}.weights[{j}]', w) for j, w in enumerate(leaves)]
+
+
+def _shape(x):
+  return tuple(np.shape(x))
+
+
+def match(checkpoint, model_named, source='checkpoint'):
+  """Checks flat checkpoint weights against `named_weights` of the model.
+
+  Returns the checkpoint arrays cast to the model's dtypes; raises a
+  TerraformerError naming the first weight that differs in shape, or that
+  only one side has.
+  """
+  for i, (name, w) in enumerate(model_named):
+    if i >= len(checkpoint):
+      raise TerraformerError(
+          f'{source} does not match the model: {name}: missing in the '
+          f'{source} (it has {len(checkpoint)} weight arrays, the model '
+          f'{len(model_named)})')
+    if _shape(checkpoint[i]) != _shape(w):
+      raise TerraformerError(
+          f'{source} does not match the model: {name}: checkpoint '
+          f'{_shape(checkpoint[i])} vs model {_shape(w)}')
+  if len(checkpoint) > len(model_named):
+    raise TerraformerError(
+        f'{source} does not match the model: it has {len(checkpoint)} weight '
+        f'arrays, the model {len(model_named)}; the first extra one has shape '
+        f'{_shape(checkpoint[len(model_named)])}')
+  return [_as_dtype(c, w.dtype) for c, (_, w) in zip(checkpoint, model_named)]
+
+
+def _as_dtype(array, dtype):
+  if array.dtype == np.uint16 and dtype == jnp.bfloat16:
+    # Trax saves bfloat16 weights bit-cast to uint16.
+    return np.asarray(array.view(dtype))
+  return array.astype(dtype, copy=False)
+
+
+def init_weights(loop, path):
+  """Sets the weights of `loop`'s model from checkpoint `path`.
+
+  Only weights: state, optimizer slots and step are left as they are.
+  Returns the number of weight arrays loaded.
+  """
+  model = loop.model
+  named = named_weights(model)
+  flat_model = fastmath.tree_flatten(model.weights)
+  if len(named) != len(flat_model):  # A layer tree we cannot name.
+    named = [(f'{model.name}.weights[#{i}]', w)
+             for i, w in enumerate(flat_model)]
+  flat = match(load_flat_weights(path), named,
+               source=f'checkpoint {checkpoint_file(path)}')
+  weights, _ = tl.unflatten_weights_and_state(
+      flat, (), (model.weights, ()), weights_only=True)
+  loop.update_weights_and_state(weights=weights)
+  return len(flat)

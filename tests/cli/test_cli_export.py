@@ -1,0 +1,109 @@
+"""terraformer-export: runs' TensorBoard scalars to CSV, JSON and PNG."""
+import csv
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from trax import jaxboard
+
+from terraformer.cli import export as export_cli
+
+# folder -> tag -> [(step, value)], as Trax's Loop writes them.
+RUNS = {
+    'dense': {'eval': {'metrics/log_perplexity': [(1, 7.5), (200, 6.25)]},
+              'train': {'metrics/loss': [(1, 7.75), (200, 6.5)]}},
+    'sparse': {'eval': {'metrics/log_perplexity': [(1, 7.25), (200, 6.0)]}},
+}
+
+
+@pytest.fixture
+def logdirs(tmp_path):
+  paths = []
+  for name, folders in RUNS.items():
+    for folder, tags in folders.items():
+      writer = jaxboard.SummaryWriter(str(tmp_path / name / folder))
+      for tag, points in tags.items():
+        for step, value in points:
+          writer.scalar(tag, value, step=step)
+      writer.close()
+    paths.append(str(tmp_path / name))
+  return paths
+
+
+def _run(capsys, *args):
+  code = export_cli.main(['terraformer-export', *args])
+  out, err = capsys.readouterr()
+  return code, out, err
+
+
+def test_exports_runs_with_labels(logdirs, tmp_path, capsys):
+  out_dir = tmp_path / 'exports' / 'cmp'
+  code, out, err = _run(capsys, f'--logdir={logdirs[0]}',
+                        f'--logdir={logdirs[1]}', '--label=Dense',
+                        '--label=Sparse FF', f'--out={out_dir}')
+  assert code == 0, err
+  assert out.splitlines() == [
+      f'Dense: 2 metrics from {logdirs[0]}',
+      f'Sparse FF: 1 metrics from {logdirs[1]}',
+      f'Wrote 4 files to {out_dir}']
+  assert sorted(os.listdir(out_dir)) == [
+      'eval_metrics_log_perplexity.png', 'scalars.csv', 'scalars.json',
+      'train_metrics_loss.png']
+  with open(out_dir / 'scalars.csv') as f:
+    rows = [(r['run'], r['metric'], int(r['step']), float(r['value']))
+            for r in csv.DictReader(f)]
+  expected = [(label, f'{folder}/{tag}', step, value)
+              for label, name in (('Dense', 'dense'), ('Sparse FF', 'sparse'))
+              for folder, tags in sorted(RUNS[name].items())
+              for tag, points in tags.items() for step, value in points]
+  assert sorted(rows) == sorted(expected)
+
+
+def test_metrics_filter(logdirs, tmp_path, capsys):
+  code, _, _ = _run(capsys, f'--logdir={logdirs[0]}', '--metrics=^train/',
+                    f'--out={tmp_path / "o"}')
+  assert code == 0
+  assert sorted(os.listdir(tmp_path / 'o')) == [
+      'scalars.csv', 'scalars.json', 'train_metrics_loss.png']
+
+
+def test_errors_are_one_line(logdirs, tmp_path, capsys):
+  empty = tmp_path / 'empty'
+  empty.mkdir()
+  cases = [
+      ([f'--out={tmp_path / "o"}'], '--logdir is required'),
+      ([f'--logdir={logdirs[0]}'], '--out is required'),
+      ([f'--logdir={empty}', f'--out={tmp_path / "o"}'],
+       f"no TensorBoard event files (*tfevents*) under '{empty}'"),
+      ([f'--logdir={logdirs[0]}', '--label=a', '--label=b',
+        f'--out={tmp_path / "o"}'],
+       '2 label(s) for 1 logdir(s); give one label per logdir, or none'),
+      ([f'--logdir={logdirs[0]}', f'--out={tmp_path / "o"}', 'extra'],
+       'unexpected argument(s): extra'),
+  ]
+  for args, message in cases:
+    code, out, err = _run(capsys, *args)
+    assert code == 2 and not out
+    assert err == f'terraformer-export: error: {message}\n'
+  assert not (tmp_path / 'o').exists()
+
+
+def test_help(capsys):
+  code, out, _ = _run(capsys, '--help')
+  assert code == 0 and '--logdir' in out and '--label' in out
+
+
+@pytest.mark.slow
+def test_installed_entry_point(logdirs, tmp_path):
+  exe = os.path.join(os.path.dirname(sys.executable), 'terraformer-export')
+  result = subprocess.run(
+      [exe, f'--logdir={logdirs[1]}', f'--out={tmp_path / "o"}'],
+      capture_output=True, text=True, timeout=300, check=False)
+  assert result.returncode == 0, result.stderr
+  assert result.stderr == ''  # TensorFlow's import notices are hidden.
+  assert 'Wrote 3 files' in result.stdout
+  with open(tmp_path / 'o' / 'scalars.csv') as f:
+    values = [float(r['value']) for r in csv.DictReader(f)]
+  np.testing.assert_array_equal(values, [7.25, 6.0])

@@ -1,0 +1,126 @@
+"""terraformer-ood: errors, and a tiny end-to-end table that resumes."""
+import glob
+import json
+import os
+
+import pytest
+
+from terraformer import ood
+from terraformer.cli import ood as ood_cli
+
+# Shrinks the repository's cells to seconds: tiny lengths, model and steps.
+TINY = [
+    'arithmetic_stream.train_max_digits = 3',
+    'arithmetic_stream.eval_min_digits = 6',
+    'arithmetic_stream.eval_max_digits = 7',
+    'arithmetic_stream.batch_size = 4',
+    'ScalingTransformer.d_model = 16',
+    'ScalingTransformer.d_ff = 32',
+    'ScalingTransformer.n_encoder_layers = 1',
+    'ScalingTransformer.n_decoder_layers = 1',
+    'ScalingTransformer.n_heads = 2',
+    'ScalingTransformer.max_len = 64',
+    'Terraformer.d_model = 16',
+    'Terraformer.d_ff = 32',
+    'Terraformer.n_encoder_layers = 1',
+    'Terraformer.n_decoder_layers = 1',
+    'Terraformer.n_heads = 2',
+    'Terraformer.max_len = 64',
+    'Terraformer.predict_mem_len = 64',
+    'Terraformer.d_sru = 8',
+    'terraformer.train.steps = 2',
+    'terraformer.train.eval_every = 1',
+    'terraformer.train.eval_batches = 1',
+    'evaluate_cell.n_examples = 6',
+    'evaluate_cell.batch_size = 4',
+]
+
+
+def _run(capsys, *args):
+  code = ood_cli.main(['terraformer-ood', *args])
+  out, err = capsys.readouterr()
+  return code, out, err
+
+
+def _assert_one_line_error(err, *parts):
+  lines = err.splitlines()
+  assert len(lines) == 1, err
+  assert lines[0].startswith('terraformer-ood: error: ')
+  for part in parts:
+    assert part in lines[0]
+
+
+def test_errors(tmp_path, capsys):
+  out_dir = tmp_path / 'out'
+  code, _, err = _run(capsys, '--output_dir=' + str(out_dir),
+                      '--cells=copy_nothing')
+  assert code == 2
+  _assert_one_line_error(err, "no gin file for cell 'copy_nothing'")
+  code, _, err = _run(capsys, '--cells=copy_transformer')
+  assert code == 2
+  _assert_one_line_error(err, 'output_dir')
+  code, _, err = _run(capsys, '--output_dir=' + str(out_dir),
+                      '--cells=copy_transformer',
+                      '--config=arithmetic_stream.train_max_digits = 40',
+                      '--config=arithmetic_stream.eval_min_digits = 60',
+                      '--config=arithmetic_stream.eval_max_digits = 70')
+  assert code == 2
+  _assert_one_line_error(err, 'cell copy_transformer', 'out of distribution',
+                         'eval_min_digits=60', 'train_max_digits=40')
+  assert not out_dir.exists() or not os.listdir(out_dir)
+
+
+def test_every_cell_config_parses():
+  """Each default cell names a gin file that the runner can configure."""
+  import gin
+  from terraformer.cli import common
+  common.setup()
+  for cell in ood.DEFAULT_CELLS:
+    _, path = ood.cell_config_file(cell, common._GIN_DIR)  # pylint: disable=protected-access
+    for extra in ([], [os.path.join(common._GIN_DIR, 'ood',  # pylint: disable=protected-access
+                                    'paper_scale.gin')]):
+      common.parse_gin([path] + extra, [])
+      task = gin.query_parameter('terraformer.data.arithmetic_stream.task')
+      assert cell.startswith(task + '_')
+      assert gin.query_parameter('terraformer.train.model') is not None
+  gin.clear_config()
+
+
+@pytest.mark.slow
+def test_tiny_table_end_to_end_then_skip(tmp_path, capsys):
+  out_dir = tmp_path / 'out'
+  args = ['--output_dir=' + str(out_dir),
+          '--cells=copy_transformer,add_terraformer_sru'] + [
+              '--config=' + b for b in TINY]
+  code, out, err = _run(capsys, *args)
+  assert code == 0, err
+  assert '| Model | copy | copy (seq) | add | add (seq) |' in out
+  assert '| Transformer |' in out and '| Terraformer (low-rank SRU) |' in out
+  table = json.loads((out_dir / ood.TABLE_JSON).read_text())
+  assert [r['cell'] for r in table] == ['copy_transformer',
+                                        'add_terraformer_sru']
+  for r in table:
+    assert r['steps'] == 2 and r['parameters'] > 0
+    assert r['settings']['train_digits'] == [1, 3]
+    assert r['settings']['eval_digits'] == [6, 7]
+    for split in ('validation', 'ood'):
+      score = r['scores'][split]
+      assert score['n_sequences'] == 6
+      assert 0 <= score['correct_tokens'] <= score['total_tokens']
+    cell_dir = out_dir / r['cell']
+    assert (cell_dir / 'model.pkl.gz').exists()
+    assert glob.glob(str(cell_dir / 'train' / 'events.out.tfevents.*'))
+    assert glob.glob(str(cell_dir / 'eval' / 'events.out.tfevents.*'))
+  assert (out_dir / ood.TABLE_MD).read_text().strip() in out
+  # Rerun: both cells are skipped, the same table comes back.
+  code, out2, err = _run(capsys, *args)
+  assert code == 0, err
+  assert out2.count('done before') == 2 and 'training in' not in out2
+  assert json.loads((out_dir / ood.TABLE_JSON).read_text()) == table
+  # More steps: the cell resumes from its checkpoint and is re-evaluated.
+  code, out3, err = _run(capsys, *args[:2], '--cells=copy_transformer',
+                         *['--config=' + b for b in TINY],
+                         '--config=terraformer.train.steps = 3')
+  assert code == 0, err
+  assert 'Resuming from checkpoint at step 2' in out3
+  assert json.loads((out_dir / ood.TABLE_JSON).read_text())[0]['steps'] == 3

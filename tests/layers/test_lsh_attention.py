@@ -1,0 +1,136 @@
+"""Self-attention with a full/LSH switch over the same weights; LSH replay."""
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from trax import shapes
+
+from terraformer import compat
+from terraformer.layers import LSHCore
+from terraformer.layers import SelfAttention
+
+compat.apply()  # LSH layers on numpy inputs.
+
+LSH = dict(lsh_chunk_len=4, lsh_n_hashes=2)
+
+
+def _weight_shapes(layer, signature):
+  layer.init(signature, rng=jax.random.PRNGKey(0))
+  return [w.shape for w in jax.tree_util.tree_leaves(layer.weights)]
+
+
+@pytest.mark.parametrize('sparsity', [0, 4])
+@pytest.mark.parametrize('causal', [True, False])
+def test_full_and_lsh_share_weights(sparsity, causal):
+  x = shapes.ShapeDtype((2, 16, 32), np.float32)
+  sig = x if causal else (x, shapes.ShapeDtype((2, 16), np.bool_))
+  full = SelfAttention(32, 4, 'full', sparsity, causal=causal)
+  lsh = SelfAttention(32, 4, 'lsh', sparsity, causal=causal, **LSH)
+  assert _weight_shapes(full, sig) == _weight_shapes(lsh, sig)
+  # Sparse QKV has no dense d_model x d_model layer (§3.2).
+  assert ((32, 32) in _weight_shapes(full, sig)) == (not sparsity)
+
+
+def _init(layer, signature, seed=0):
+  layer.init(signature, rng=jax.random.PRNGKey(seed))
+  return layer
+
+
+@pytest.mark.parametrize('attention_type', ['full', 'lsh'])
+def test_causal_attention_ignores_the_future(attention_type):
+  """Outputs before position 11 do not depend on inputs from 11 on.
+
+  (For LSH this is a statement about gradients: which earlier positions share
+  a chunk can depend on later ones, but no position attends to a later one.)
+  """
+  x = np.random.RandomState(0).normal(size=(2, 16, 32)).astype(np.float32)
+  layer = _init(SelfAttention(32, 4, attention_type, causal=True,
+                              mode='eval', **LSH), shapes.signature(x))
+
+  def head(x, upto):
+    y, _ = layer.pure_fn(x, layer.weights, layer.state, jax.random.PRNGKey(0))
+    return jnp.sum(jnp.sin(y[:, :upto]))
+
+  grad = np.asarray(jax.grad(head)(jnp.asarray(x), 11))
+  assert np.abs(grad[:, 11:]).max() == 0.0
+  assert np.abs(grad[:, :11]).min(axis=-1).max() > 0
+  grad_all = np.asarray(jax.grad(head)(jnp.asarray(x), 16))
+  assert np.abs(grad_all[:, 11:]).max() > 0
+
+
+@pytest.mark.parametrize('attention_type', ['full', 'lsh'])
+def test_encoder_attention_masks_padding(attention_type):
+  rs = np.random.RandomState(1)
+  x = rs.normal(size=(2, 16, 32)).astype(np.float32)
+  mask = np.ones((2, 16), np.bool_)
+  mask[0, 10:] = False
+  layer = _init(SelfAttention(32, 4, attention_type, causal=False,
+                              mode='eval', **LSH),
+                (shapes.signature(x), shapes.signature(mask)))
+  state = layer.state
+  changed = x.copy()
+  changed[0, 10:] = rs.normal(size=(6, 32))
+  a = np.asarray(layer((x, mask)))
+  layer.state = state  # The same hashing rotations for both calls.
+  b = np.asarray(layer((changed, mask)))
+  np.testing.assert_allclose(a[0, :10], b[0, :10], atol=1e-5)
+  np.testing.assert_allclose(a[1], b[1], atol=1e-5)
+  # Bidirectional: a change at the end reaches the start.
+  changed[1, 15] += 3.0
+  layer.state = state
+  c = np.asarray(layer((changed, mask)))
+  assert not np.allclose(a[1, :4], c[1, :4], atol=1e-6)
+
+
+def test_lsh_core_replays_its_buckets():
+  rs = np.random.RandomState(2)
+  n_heads, batch, length, d_head = 2, 2, 16, 8
+  qk = jnp.asarray(rs.normal(size=(batch * n_heads, length, d_head)),
+                   jnp.float32)
+  v = jnp.asarray(rs.normal(size=qk.shape), jnp.float32)
+  core = LSHCore(n_heads=n_heads, d_qk=d_head, d_v=d_head, causal=True,
+                 chunk_len=4, n_hashes=2, n_buckets=4)
+  core.init(shapes.signature((qk, v)), rng=jax.random.PRNGKey(0))
+  rng = jax.random.PRNGKey(1)
+  out, new_state = core.pure_fn((qk, v), (), core.state, rng)
+  buckets = np.asarray(new_state[0])
+  assert buckets.shape == (batch * n_heads, 2 * length)
+  # The forward pass hashed anew: buckets are not the initial zeros.
+  assert (buckets != np.asarray(core.state[0])).any()
+  replay = core.replay_state(core.state, new_state)
+  replayed, replayed_state = core.pure_fn((qk, v), (), replay, rng)
+  np.testing.assert_allclose(np.asarray(replayed), np.asarray(out), atol=1e-6)
+  np.testing.assert_array_equal(np.asarray(replayed_state[0]), buckets)
+  # Other queries: the replay keeps the stored buckets, a fresh pass does not.
+  other = qk[:, ::-1]
+  _, fresh_state = core.pure_fn((other, v), (), core.state, rng)
+  _, kept_state = core.pure_fn((other, v), (), replay, rng)
+  np.testing.assert_array_equal(np.asarray(kept_state[0]), buckets)
+  assert (np.asarray(fresh_state[0]) != buckets).any()
+
+
+def test_gradients_flow_through_replayed_lsh():
+  rs = np.random.RandomState(3)
+  qk = jnp.asarray(rs.normal(size=(4, 16, 8)), jnp.float32)
+  v = jnp.asarray(rs.normal(size=qk.shape), jnp.float32)
+  core = LSHCore(n_heads=2, d_qk=8, d_v=8, causal=True, chunk_len=4,
+                 n_hashes=1)
+  core.init(shapes.signature((qk, v)), rng=jax.random.PRNGKey(0))
+  rng = jax.random.PRNGKey(1)
+  _, new_state = core.pure_fn((qk, v), (), core.state, rng)
+
+  def loss(qk, v, state):
+    y, _ = core.pure_fn((qk, v), (), state, rng)
+    return jnp.sum(y ** 2)
+
+  fresh = jax.grad(loss, argnums=(0, 1))(qk, v, core.state)
+  replayed = jax.grad(loss, argnums=(0, 1))(
+      qk, v, core.replay_state(core.state, new_state))
+  for a, b in zip(fresh, replayed):
+    np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-5)
+    assert float(jnp.max(jnp.abs(a))) > 0
+
+
+def test_bad_attention_type():
+  with pytest.raises(ValueError, match='attention_type'):
+    SelfAttention(32, 4, 'linear')

@@ -1,0 +1,198 @@
+"""decode_speed: the jitted donating step, cheap init, bytes read per step."""
+import functools
+
+import numpy as np
+import pytest
+import jax
+from trax import shapes
+from trax.models.research import configurable_transformer as ct
+
+from terraformer import decode_speed
+from terraformer import errors
+from terraformer.layers.prefix_attention import bucket_for
+from terraformer.models import ScalingTransformer
+from terraformer.models import ScalingTransformerLM
+
+V, D, D_FF, HEADS, MAX_LEN, LOWRANK = 64, 32, 64, 4, 128, 4
+N, S, F, S_LOSS = 8, 4, 3, 4
+SPARSE = dict(ff_sparsity=N, attention_sparsity=S, attention_kernel_size=F,
+              loss_sparsity=S_LOSS)
+F32 = 4
+
+
+def _lm(n_layers=2, mode='predict', **sparsity):
+  return ScalingTransformerLM(vocab_size=V, d_model=D, d_ff=D_FF,
+                              n_layers=n_layers, n_heads=HEADS, dropout=0.0,
+                              max_len=MAX_LEN, d_lowrank=LOWRANK, mode=mode,
+                              **sparsity)
+
+
+def _encdec(n_layers=2, mode='predict', **sparsity):
+  return ScalingTransformer(input_vocab_size=V, d_model=D, d_ff=D_FF,
+                            n_encoder_layers=1, n_decoder_layers=n_layers,
+                            n_heads=HEADS, dropout=0.0, max_len=MAX_LEN,
+                            d_lowrank=LOWRANK, mode=mode, **sparsity)
+
+
+def _tokens(shape, seed):
+  return np.random.RandomState(seed).randint(1, V, size=shape).astype(
+      np.int32)
+
+
+# --- Cheap initialization ---------------------------------------------------
+
+
+@pytest.mark.parametrize('build', [
+    functools.partial(_encdec, **SPARSE), _lm,
+    lambda: ct.ConfigurableTransformerLM(V, d_model=D, d_ff=D_FF, n_layers=1,
+                                         n_heads=HEADS, max_len=MAX_LEN,
+                                         dropout=0.0, ff_sparsity=(N, 4),
+                                         mode='predict'),
+])
+def test_zero_state_is_the_initial_state(build):
+  model = build()
+  sig = decode_speed.predict_signature(model, prompt_len=5)
+  weight_shapes, state_shapes = decode_speed.init_shapes(model, sig)
+  weights, state = model.init(sig)
+  same = lambda a, b: (a.shape, a.dtype) == (b.shape, b.dtype)
+  assert jax.tree_util.tree_structure(weight_shapes) == (
+      jax.tree_util.tree_structure(weights))
+  assert all(jax.tree_util.tree_leaves(jax.tree_util.tree_map(
+      same, weight_shapes, weights)))
+  zeros = decode_speed.zero_state(state_shapes)
+  assert jax.tree_util.tree_structure(zeros) == (
+      jax.tree_util.tree_structure(state))
+  for ours, real in zip(jax.tree_util.tree_leaves(zeros),
+                        jax.tree_util.tree_leaves(state)):
+    assert same(ours, real)
+    np.testing.assert_array_equal(np.asarray(ours), np.asarray(real))
+
+
+def test_random_weights_fill_the_shapes():
+  model = _lm(**SPARSE)
+  sig = decode_speed.predict_signature(model)
+  weight_shapes, _ = decode_speed.init_shapes(model, sig)
+  weights = decode_speed.random_weights(weight_shapes, seed=3)
+  leaves = jax.tree_util.tree_leaves(weights)
+  assert [(l.shape, l.dtype) for l in leaves] == [
+      (s.shape, s.dtype) for s in jax.tree_util.tree_leaves(weight_shapes)]
+  assert all(np.isfinite(np.asarray(l)).all() for l in leaves)
+  assert np.std(np.asarray(leaves[0])) > 0
+
+
+# --- The jitted step --------------------------------------------------------
+
+
+def test_fast_predict_matches_eval_forward_and_donates_the_state():
+  inputs, targets = _tokens((1, 7), seed=1), _tokens((1, 6), seed=2)
+  eval_model = _encdec(mode='eval', **SPARSE)
+  eval_model.init(shapes.signature((inputs, targets)),
+                  rng=jax.random.PRNGKey(1))
+  full_logits = np.asarray(eval_model((inputs, targets))[0])
+
+  model = _encdec(**SPARSE)
+  _, state = model.init((shapes.signature(inputs),
+                         shapes.ShapeDtype((1, 1), np.int32)))
+  fast = decode_speed.FastPredict(model, eval_model.weights, state)
+  shifted = np.pad(targets, ((0, 0), (1, 0)))[:, :-1]
+  steps = []
+  for i in range(targets.shape[1]):
+    old_state = fast.state
+    steps.append(np.asarray(fast((inputs, shifted[:, i:i + 1]))[0]))
+    if i:  # After the first call: caches were updated in place.
+      assert all(leaf.is_deleted()
+                 for leaf in jax.tree_util.tree_leaves(old_state))
+  np.testing.assert_allclose(np.concatenate(steps, axis=1), full_logits,
+                             atol=2e-4, rtol=2e-4)
+
+
+def test_check_model():
+  with pytest.raises(errors.TerraformerError, match='not a Trax layer'):
+    decode_speed.check_model(object())
+  from trax import layers as tl  # pylint: disable=g-import-not-at-top
+  with pytest.raises(errors.TerraformerError, match='3 inputs'):
+    decode_speed.check_model(tl.Select([0], n_in=3))
+
+
+# --- Bytes a step reads: against hand counts --------------------------------
+
+
+def _lm_step_bytes(n_layers, position, sparse):
+  """Bytes one LM step at `position` reads, counted by hand (float32)."""
+  bucket = bucket_for(position + 1, MAX_LEN)
+  embedding = D * F32 + D * F32 + 4   # token row, position row, its index
+  layer_norm = 2 * D * F32
+  cache = 2 * bucket * D * F32 + 4    # K, V prefix (heads x d_head = D)
+  if sparse:
+    m = D // S
+    attention = ((D * S + D * m) * F32                  # D, E
+                 + (F * F * m * 3 * m + 3 * m) * F32     # conv kernel, bias
+                 + (F - 1) * D * F32 + cache)            # conv state
+    blocks = D_FF // N
+    ff = ((D * LOWRANK + LOWRANK * D_FF + D) * F32      # C1, C2, b2
+          + 2 * blocks * D * F32 + blocks * F32)        # rows of W1ᵀ, W2, b1
+    logits = (D * S_LOSS + D * V // S_LOSS + V) * F32
+  else:
+    attention = 4 * (D * D + D) * F32 + cache
+    ff = (D * D_FF + D_FF + D_FF * D + D) * F32
+    logits = (D * V + V) * F32
+  return (embedding + n_layers * (2 * layer_norm + attention + ff)
+          + layer_norm + logits)
+
+
+@pytest.mark.parametrize('sparse', [False, True])
+def test_step_bytes_match_hand_count(sparse):
+  model = _lm(n_layers=2, **(SPARSE if sparse else {}))
+  result = decode_speed.measure_model(model, tokens=3, prompt_len=70,
+                                      repeats=1)
+  # Timed positions 70, 71, 72: the 128-position cache bucket.
+  expected = np.mean([_lm_step_bytes(2, p, sparse) for p in (70, 71, 72)])
+  assert result['bytes_per_token'] == pytest.approx(expected)
+  fresh = _lm(n_layers=2, **(SPARSE if sparse else {}))
+  assert result['n_params'] == sum(
+      np.size(w) for w in jax.tree_util.tree_leaves(
+          fresh.init(shapes.ShapeDtype((1, 1), np.int32))[0]))
+
+
+def test_encoder_decoder_step_bytes_match_hand_count():
+  model = _encdec(n_layers=2)
+  sig = decode_speed.predict_signature(model, prompt_len=9)
+  weights, state = model.init(sig)
+  step = decode_speed.make_step(model)
+  _, state = step((_tokens((1, 9), 0), np.zeros((1, 1), np.int32)), weights,
+                  state, jax.random.PRNGKey(0))
+  by_layer = decode_speed.step_bytes(model, weights, state, position=1)
+  lin = 9
+  self_attention = 4 * (D * D + D) * F32 + 2 * 64 * D * F32 + 4
+  cross_attention = (2 * (D * D + D) * F32      # queries, output layer
+                     + 2 * lin * D * F32)       # cached keys, values
+  ff = (D * D_FF + D_FF + D_FF * D + D) * F32
+  layer = 3 * 2 * D * F32 + self_attention + cross_attention + ff
+  top = (D * F32 + D * F32 + 4                  # embedding, positions
+         + lin * D * F32 + lin                  # cached encoder output, mask
+         + 2 * D * F32 + (D * V + V) * F32)     # final norm, logits
+  assert sum(by_layer.values()) == 2 * layer + top
+  assert by_layer['Cache'] == 2 * 2 * lin * D * F32 + lin * D * F32 + lin
+
+
+def test_benchmark_fields_are_consistent():
+  spec = decode_speed.ModelSpec('tiny', _lm(n_layers=2), _lm(n_layers=0), 2)
+  result = decode_speed.benchmark(spec, tokens=2, prompt_len=3, repeats=2,
+                                  bandwidth_gbps=10.0)
+  assert len([result['ms_per_token_min'], result['ms_per_token_max']]) == 2
+  assert (result['ms_per_token_min'] <= result['ms_per_token']
+          <= result['ms_per_token_max'])
+  assert result['bytes_per_block'] == pytest.approx(
+      (_lm_step_bytes(2, 3, False) + _lm_step_bytes(2, 4, False)
+       - _lm_step_bytes(0, 3, False) - _lm_step_bytes(0, 4, False)) / 4)
+  assert result['bound_ms_per_token'] == pytest.approx(
+      result['bytes_per_token'] / 10e9 * 1e3)
+  assert result['achieved_over_bound'] == pytest.approx(
+      result['ms_per_token'] / result['bound_ms_per_token'])
+  assert result['ms_per_block'] == pytest.approx(
+      (result['ms_per_token'] - result['ms_no_blocks']) / 2)
+
+
+def test_gemv_bandwidth_is_positive():
+  median, best = decode_speed.gemv_bandwidth(megabytes=8, repeats=3)
+  assert 0 < median <= best

@@ -1,0 +1,168 @@
+"""Evaluation helpers: sentences, ROUGE, input encoding, perplexity, weights.
+
+The end-to-end `evaluate` runs on a trained checkpoint in
+tests/cli/test_cli_eval.py.
+"""
+import jax
+import numpy as np
+import pytest
+from rouge_score import rouge_scorer
+from trax import shapes
+
+from terraformer import decoding
+from terraformer import errors
+from terraformer import evaluation
+from terraformer.data import aclsum_papers
+from terraformer.models import ScalingTransformer
+
+
+@pytest.mark.parametrize('text, sentences', [
+    ('We use sparse layers. They work! Do they scale? Yes.',
+     ['We use sparse layers.', 'They work!', 'Do they scale?', 'Yes.']),
+    ('As in Fig. 3 and e.g. Table 2, see Jaszczur et al. 2021. Next one.',
+     ['As in Fig. 3 and e.g. Table 2, see Jaszczur et al. 2021.',
+      'Next one.']),
+    ('Line one\nLine two. "Quoted" start.',
+     ['Line one', 'Line two.', '"Quoted" start.']),
+    ('Written by J. Smith. Done.', ['Written by J. Smith.', 'Done.']),
+    ('Values are 3.5 and 0.25. lower case does not start one.',
+     ['Values are 3.5 and 0.25. lower case does not start one.']),
+    ('  \n', []),
+])
+def test_simple_sentences(text, sentences):
+  assert evaluation.simple_sentences(text) == sentences
+
+
+def test_split_sentences_uses_nltk_only_when_available(monkeypatch):
+  monkeypatch.setattr(evaluation, '_nltk_sentences', lambda: None)
+  assert evaluation.split_sentences('Alpha beta. Gamma delta.') == [
+      'Alpha beta.', 'Gamma delta.']
+  assert evaluation.sentence_splitter_name() == 'simple (regex)'
+  monkeypatch.setattr(evaluation, '_nltk_sentences',
+                      lambda: lambda line: line.split(' | '))
+  assert evaluation.split_sentences('a | b\nc') == ['a', 'b', 'c']
+  assert evaluation.sentence_splitter_name() == 'nltk.punkt'
+
+
+def test_rouge_scores_match_rouge_score():
+  reference = ('Sparse layers are enough. They match dense perplexity. '
+               'Decoding is faster.')
+  prediction = 'Decoding is faster with sparse layers. They are enough.'
+  scores = evaluation.rouge_scores(prediction, reference)
+  scorer = rouge_scorer.RougeScorer(list(evaluation.ROUGE_TYPES),
+                                    use_stemmer=True)
+  direct = scorer.score(
+      'Sparse layers are enough.\nThey match dense perplexity.\n'
+      'Decoding is faster.',
+      'Decoding is faster with sparse layers.\nThey are enough.')
+  for name in evaluation.ROUGE_TYPES:
+    assert scores[name] == pytest.approx(direct[name].fmeasure, abs=1e-12)
+  # Summary-level LCS (per sentence) credits the reordered sentences more
+  # than one LCS over the whole text does.
+  assert scores['rougeLsum'] > scores['rougeL']
+  assert evaluation.rouge_scores(reference, reference)['rouge2'] == 1.0
+
+
+class _FakeVocab:
+  vocab_size = 10
+  eos_id = 1
+
+  def encode(self, text):
+    return [int(t) for t in text.split()]
+
+  def decode(self, ids):
+    return ' '.join(str(i) for i in ids)
+
+
+def test_encode_input_appends_eos_then_truncates():
+  vocab = _FakeVocab()
+  assert evaluation.encode_input(vocab, '5 6 7', 8) == ([5, 6, 7, 1], 0)
+  assert evaluation.encode_input(vocab, '5 6 7', 4) == ([5, 6, 7, 1], 0)
+  # As the training streams do: (ids + EOS)[:input_len].
+  assert evaluation.encode_input(vocab, '5 6 7 8 9', 3) == ([5, 6, 7], 3)
+
+
+def test_detokenize_drops_ids_past_the_vocab():
+  assert evaluation.detokenize(_FakeVocab(), [3, 12, 9, 10]) == '3 9'
+
+
+def test_paper_pairs_are_body_abstract_of_the_split():
+  papers = aclsum_papers.load_split('validation')
+  pairs = evaluation.paper_pairs('validation')
+  assert pairs == [(p['body'], p['abstract']) for p in papers]
+
+
+def test_examples_accepts_pairs_and_dicts():
+  pairs = lambda split: iter([('a', 'b'), {'article': 'c', 'abstract': 'd'},
+                              {'body': 'e', 'abstract': 'f'}])
+  examples = evaluation._examples  # pylint: disable=protected-access
+  assert examples(pairs, 'test', None) == [('a', 'b'), ('c', 'd'),
+                                           ('e', 'f')]
+  assert examples(pairs, 'test', 2) == [('a', 'b'), ('c', 'd')]
+  with pytest.raises(errors.TerraformerError, match='no examples'):
+    examples(lambda split: [], 'test', None)
+
+
+def test_checkpoint_path_errors(tmp_path):
+  with pytest.raises(errors.TerraformerError, match='no checkpoint'):
+    evaluation.checkpoint_path(str(tmp_path))
+
+
+VOCAB = 30
+TINY = dict(input_vocab_size=VOCAB, d_model=16, d_ff=32, n_heads=2,
+            n_encoder_layers=1, n_decoder_layers=1, dropout=0.0, max_len=32,
+            d_lowrank=4, ff_sparsity=4, attention_sparsity=2,
+            loss_sparsity=2)
+
+
+def _eval_model(seed=0, length=8):
+  model = ScalingTransformer(mode='eval', **TINY)
+  sig = (shapes.ShapeDtype((1, length), np.int32),) * 2
+  model.init(sig, rng=jax.random.PRNGKey(seed))
+  return model
+
+
+def test_reference_log_probs_per_example():
+  model = _eval_model()
+  rng = np.random.RandomState(0)
+  inputs = rng.randint(2, VOCAB, (3, 8)).astype(np.int32)
+  targets = rng.randint(2, VOCAB, (3, 6)).astype(np.int32)
+  weights = np.ones((3, 6), np.float32)
+  weights[1, 4:] = 0.0  # A shorter reference.
+  targets[1, 4:] = 0
+  nll, counts = evaluation.reference_log_probs(model, inputs, targets,
+                                               weights, batch_size=2)
+  assert counts.tolist() == [6, 4, 6]
+  for i in range(3):  # One example at a time, by hand.
+    logits = np.asarray(model((inputs[i:i + 1], targets[i:i + 1]))[0])[0]
+    log_p = decoding._log_softmax(logits)  # pylint: disable=protected-access
+    n = int(counts[i])
+    expected = -sum(log_p[t, targets[i, t]] for t in range(n))
+    assert nll[i] == pytest.approx(expected, rel=1e-5)
+
+
+def test_with_weights_gives_the_same_function():
+  source = _eval_model(seed=3)
+  sig = (shapes.ShapeDtype((2, 8), np.int32),) * 2
+  weights_sig = decoding.weights_signature(ScalingTransformer(mode='eval',
+                                                              **TINY), sig)
+  assert [w.shape for w in jax.tree_util.tree_leaves(weights_sig)] == [
+      w.shape for w in jax.tree_util.tree_leaves(source.weights)]
+  model = evaluation.with_weights(ScalingTransformer(mode='eval', **TINY),
+                                  source.weights, sig)
+  x = np.random.RandomState(1).randint(2, VOCAB, (2, 8)).astype(np.int32)
+  np.testing.assert_allclose(np.asarray(model((x, x))[0]),
+                             np.asarray(source((x, x))[0]), atol=1e-6)
+  # A predict-mode model with these weights decodes like one given them
+  # after a normal init.
+  predict = evaluation.with_weights(
+      ScalingTransformer(mode='predict', **TINY), source.weights,
+      (shapes.ShapeDtype((1, 8), np.int32), shapes.ShapeDtype((1, 1),
+                                                              np.int32)))
+  reference = ScalingTransformer(mode='predict', **TINY)
+  reference.init((shapes.ShapeDtype((1, 8), np.int32),
+                  shapes.ShapeDtype((1, 1), np.int32)))
+  reference.weights = source.weights
+  np.testing.assert_array_equal(
+      decoding.decode(predict, x[:1], max_length=5, eos_id=None),
+      decoding.decode(reference, x[:1], max_length=5, eos_id=None))
