@@ -62,17 +62,29 @@ def n_blocks_of(kwargs):
   return None
 
 
+def _base_overrides(kwargs, kwarg):
+  """Keyword overrides of the model without decoder blocks.
+
+  It keeps one encoder block (when the model has an encoder): decoding
+  steps never run the encoder, and the base model then takes little memory.
+  """
+  overrides = {kwarg: 0}
+  if kwargs.get('n_encoder_layers'):
+    overrides['n_encoder_layers'] = 1
+  return overrides
+
+
 def spec_from_gin(name):
   """ModelSpec of the model in the parsed gin config (built now)."""
   model_fn, _, kwargs = configured_model()
   n_blocks = n_blocks_of(kwargs)
   model = model_fn(mode='predict')
+  decode_speed.check_model(model)
   base = None
   kwarg = decode_speed.blocks_kwarg(model_fn) or next(
       (k for k in decode_speed.BLOCK_KWARGS if k in kwargs), None)
   if kwarg and n_blocks:
-    base = model_fn(mode='predict', **{kwarg: 0})
-  decode_speed.check_model(model)
+    base = model_fn(mode='predict', **_base_overrides(kwargs, kwarg))
   return decode_speed.ModelSpec(name, model, base, n_blocks)
 
 
@@ -139,7 +151,8 @@ def trax_spec_from_gin(name):
   n_blocks = n_blocks_of(kwargs)
   kwarg = 'n_decoder_layers' if 'n_decoder_layers' in kwargs else 'n_layers'
   model = ref_fn(mode='predict')
-  base = ref_fn(mode='predict', **{kwarg: 0}) if n_blocks else None
+  base = (ref_fn(mode='predict', **_base_overrides(kwargs, kwarg))
+          if n_blocks else None)
   return decode_speed.ModelSpec(name, model, base, n_blocks)
 
 
@@ -148,62 +161,58 @@ def trax_spec_from_gin(name):
 
 
 def run(configs, parse, tokens=32, prompt_len=16, repeats=5, seed=0,
-        compare_trax=False, log=print):
-  """Benchmarks each configuration (and Trax's reference for it).
+        compare_trax=False, memory_budget=None, log=print):
+  """Benchmarks each configuration (and Trax's reference for it) in one run.
+
+  Models are timed with `decode_speed.benchmark_all`: the repeats of models
+  that fit in memory together are interleaved, so they share the machine's
+  noise (a Trax reference is timed next to the model it mirrors).
 
   Args:
     configs: list of (name, config) pairs; `parse(config, extra_bindings)`
       parses that model's gin configuration (raising TerraformerError on
       problems).
     parse: see above.
-    tokens, prompt_len, repeats, seed: see `decode_speed.time_decode`.
+    tokens, prompt_len, repeats, seed: see `decode_speed.DecodeTimer`.
     compare_trax: also time Trax's reference model of each configuration.
+    memory_budget: bytes of models held at once (see time_models).
     log: progress messages.
 
   Returns:
     dict: bandwidth_gbps (GEMV, median), bandwidth_gbps_max, settings and
-    models: one result per configuration (see `decode_speed.benchmark`),
-    with `speedup` (first model's ms/token over this one's),
+    models: one result per configuration (see `decode_speed.benchmark_all`),
+    with `config`, `speedup` (first model's ms/token over this one's),
     `speedup_per_block` and, with compare_trax, `trax` (the reference's
-    result) and `speedup_over_trax`.
+    result), `speedup_over_trax` and `speedup_over_trax_per_block`.
   """
-  # Check every configuration before the long runs.
-  for name, config in configs:
+  specs = []
+  for name, config in configs:  # Builds (and so checks) every model first.
     parse(config, [])
-    configured_model()
+    specs.append(spec_from_gin(name))
     if compare_trax:
-      _, selector, kwargs = configured_model()
-      trax_reference_fn(selector, kwargs)
+      specs.append(trax_spec_from_gin('trax: ' + name))
   bandwidth, bandwidth_max = decode_speed.gemv_bandwidth()
   log(f'GEMV bandwidth: {bandwidth:.1f} GB/s (median), '
       f'{bandwidth_max:.1f} GB/s (best)')
   settings = dict(tokens=tokens, prompt_len=prompt_len, repeats=repeats,
                   seed=seed, batch_size=1)
+  timed = decode_speed.benchmark_all(specs, tokens, prompt_len, repeats,
+                                     seed, bandwidth, memory_budget, log)
+  del specs
+  gc.collect()
+  step = 2 if compare_trax else 1
   results = []
-  for name, config in configs:
-    parse(config, [])
-    spec = spec_from_gin(name)
-    trax_spec = trax_spec_from_gin('trax: ' + name) if compare_trax else None
-    log(f'{name}: timing ({spec.n_blocks} decoder blocks)...')
-    result = decode_speed.benchmark(spec, tokens, prompt_len, repeats, seed,
-                                    bandwidth)
-    del spec
-    gc.collect()
-    if trax_spec is not None:
-      log(f'{name}: timing Trax reference...')
-      result['trax'] = decode_speed.benchmark(trax_spec, tokens, prompt_len,
-                                              repeats, seed, bandwidth)
-      result['speedup_over_trax'] = (result['trax']['ms_per_token'] /
+  for k, (name, config) in enumerate(configs):
+    result = timed[step * k]
+    result['config'] = config
+    if compare_trax:
+      trax = result['trax'] = timed[step * k + 1]
+      result['speedup_over_trax'] = (trax['ms_per_token'] /
                                      result['ms_per_token'])
-      if result['trax']['ms_per_block'] and result['ms_per_block']:
-        result['speedup_over_trax_per_block'] = (
-            result['trax']['ms_per_block'] / result['ms_per_block'])
-      del trax_spec
-      gc.collect()
-    result['config'] = config if isinstance(config, (str, list)) else str(
-        config)
+      result['speedup_over_trax_per_block'] = (
+          trax['ms_per_block'] / result['ms_per_block']
+          if trax['ms_per_block'] and result['ms_per_block'] else None)
     results.append(result)
-    log(format_row(result, results[0]))
   for result in results:
     _add_speedups(result, results[0])
   return {'bandwidth_gbps': bandwidth, 'bandwidth_gbps_max': bandwidth_max,
@@ -329,17 +338,19 @@ def sweep(configs, parse, d_models=DEFAULT_SWEEP_D_MODELS, tokens=16,
   bandwidth, _ = decode_speed.gemv_bandwidth()
   rows = []
   for d_model in d_models:
-    row = {'d_model': d_model, 'models': {}}
+    specs = []
     for name, config in configs:
       parse(config, [])
       _, selector, kwargs = configured_model()
       parse(config, sweep_bindings(selector, kwargs, d_model))
-      spec = spec_from_gin(name)
-      log(f'sweep d_model={d_model}: {name}...')
-      row['models'][name] = decode_speed.benchmark(
-          spec, tokens, prompt_len, repeats, seed, bandwidth)
-      del spec
-      gc.collect()
+      specs.append(spec_from_gin(name))
+    log(f'sweep: d_model={d_model}...')
+    timed = decode_speed.benchmark_all(specs, tokens, prompt_len, repeats,
+                                       seed, bandwidth, log=log)
+    del specs
+    gc.collect()
+    row = {'d_model': d_model,
+           'models': {name: r for (name, _), r in zip(configs, timed)}}
     baseline = row['models'][configs[0][0]]
     for name, _ in configs:
       _add_speedups(row['models'][name], baseline)

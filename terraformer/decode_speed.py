@@ -275,71 +275,173 @@ def _greedy(logits):
   return jnp.argmax(logits[:, -1, :], axis=-1).astype(jnp.int32)[:, None]
 
 
-def time_decode(model, weights, state_shapes, signature, tokens=32,
-                repeats=5, seed=0, prompt_len=16):
-  """Times greedy decoding of `tokens` tokens, batch 1, `repeats` times.
+class DecodeTimer:
+  """Greedy decoding of one model with random weights, batch 1, timed.
 
-  Each repeat starts from empty caches: (enc-dec) one call with the prompt
-  of `signature` runs the encoder, (LM) a `prompt_len`-token prompt is fed
-  token by token; then `tokens` steps are timed, each feeding the argmax of
-  the previous logits. One untimed warm-up repeat compiles the steps.
-
-  Returns:
-    dict with `ms_per_token` (one figure per repeat: time / tokens) and
-    `steady_state` (the state after the first call, for step_bytes) and
-    `first_position` (decoder position of the first timed token).
+  Each `repeat()` starts from empty caches: (enc-dec) one call with the
+  `prompt_len`-token prompt runs the encoder, (LM) the prompt is fed token
+  by token; then `tokens` steps are timed, each feeding the argmax of the
+  previous logits, and the time per token (ms) is returned. The first
+  repeat also compiles: `warm_up()` runs one untimed.
   """
-  encdec = is_encoder_decoder(model)
-  if encdec:
-    prompt_len = signature[0].shape[1]
-  prompt = jnp.asarray(np.random.default_rng(seed).integers(
-      1, 100, size=(1, prompt_len)).astype(np.int32))
-  rng = jax.random.PRNGKey(seed)
-  model.weights, model.state = weights, zero_state(state_shapes)
-  step = make_step(model)
-  per_repeat, steady = [], None
-  with warnings.catch_warnings():
-    warnings.filterwarnings('ignore', message='Some donated buffers')
-    for repeat in range(repeats + 1):
-      state = zero_state(state_shapes)
-      token = jnp.zeros((1, 1), jnp.int32)
-      if encdec:
-        outputs, state = step((prompt, token), weights, state, rng)
-        token = _greedy(_logits(outputs))
-        first_position = 1
-      else:  # Positions 0..P-1 get 0, p_0, ..., p_{P-2}; then p_{P-1}.
-        for t in range(prompt_len):
-          outputs, state = step(token, weights, state, rng)
-          token = prompt[:, t:t + 1]
-        first_position = prompt_len
-      if steady is None:
-        steady = jax.tree_util.tree_map(
-            lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype), state)
+
+  def __init__(self, model, tokens=32, prompt_len=16, seed=0, shapes_=None):
+    check_model(model)
+    self.model, self.tokens, self.seed = model, tokens, seed
+    self.encdec = is_encoder_decoder(model)
+    self.signature = predict_signature(model, prompt_len)
+    weight_shapes, self.state_shapes = shapes_ or init_shapes(
+        model, self.signature)
+    self.weights = random_weights(weight_shapes, seed)
+    self.prompt = jnp.asarray(np.random.default_rng(seed).integers(
+        1, 100, size=(1, prompt_len)).astype(np.int32))
+    self.rng = jax.random.PRNGKey(seed)
+    model.weights, model.state = self.weights, zero_state(self.state_shapes)
+    self._step = make_step(model)
+    self.steady_state = None    # State shapes after the first call.
+    self.first_position = None  # Decoder position of the first timed token.
+
+  def _prime(self):
+    """Empty caches + prompt; returns (state, first token to feed)."""
+    step, weights, rng = self._step, self.weights, self.rng
+    state = zero_state(self.state_shapes)
+    token = jnp.zeros((1, 1), jnp.int32)
+    if self.encdec:
+      outputs, state = step((self.prompt, token), weights, state, rng)
+      token = _greedy(_logits(outputs))
+      self.first_position = 1
+    else:  # Positions 0..P-1 get 0, p_0, ..., p_{P-2}; then p_{P-1}.
+      for t in range(self.prompt.shape[1]):
+        _, state = step(token, weights, state, rng)
+        token = self.prompt[:, t:t + 1]
+      self.first_position = self.prompt.shape[1]
+    if self.steady_state is None:
+      self.steady_state = jax.tree_util.tree_map(
+          lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype), state)
+    return state, token
+
+  def repeat(self):
+    """Decodes `tokens` tokens from empty caches; returns ms per token."""
+    step, weights, rng = self._step, self.weights, self.rng
+    with warnings.catch_warnings():
+      # The first call changes the state's structure (tl.Cache fills in):
+      # some donated buffers cannot be reused there.
+      warnings.filterwarnings('ignore', message='Some donated buffers')
+      state, token = self._prime()
       jax.block_until_ready(token)
       start = time.perf_counter()
-      for _ in range(tokens):
-        x = (prompt, token) if encdec else token
+      for _ in range(self.tokens):
+        x = (self.prompt, token) if self.encdec else token
         outputs, state = step(x, weights, state, rng)
         token = _greedy(_logits(outputs))
       jax.block_until_ready(token)
-      if repeat:  # Repeat 0 compiles.
-        per_repeat.append(1e3 * (time.perf_counter() - start) / tokens)
-      del state, outputs
-  return {'ms_per_token': per_repeat, 'steady_state': steady,
-          'first_position': first_position}
+      elapsed = time.perf_counter() - start
+    del state, outputs
+    return 1e3 * elapsed / self.tokens
+
+  def warm_up(self):
+    self.repeat()
+
+  def step_bytes(self):
+    """(bytes by layer class, total): step_bytes averaged over the timed
+    positions."""
+    if self.steady_state is None:
+      self.warm_up()
+    totals = collections.Counter()
+    for position in range(self.first_position,
+                          self.first_position + self.tokens):
+      totals.update(step_bytes(self.model, self.weights, self.steady_state,
+                               position))
+    by_layer = {k: v / self.tokens for k, v in totals.items()}
+    return by_layer, sum(by_layer.values())
+
+  @property
+  def n_params(self):
+    return sum(int(np.prod(l.shape, dtype=np.int64))
+               for l in jax.tree_util.tree_leaves(self.weights))
+
+  def close(self):
+    """Frees the weights (the model keeps None leaves)."""
+    to_none = lambda tree: jax.tree_util.tree_map(lambda _: None, tree)
+    self.model.weights = to_none(self.model.weights)
+    self.model.state = to_none(self.model.state)
+    self.weights = None
+    self._step = None
 
 
-def mean_step_bytes(model, weights, steady_state, first_position, tokens):
-  """step_bytes averaged over the timed positions, and its total."""
-  totals = collections.Counter()
-  for position in range(first_position, first_position + tokens):
-    totals.update(step_bytes(model, weights, steady_state, position))
-  by_layer = {k: v / tokens for k, v in totals.items()}
-  return by_layer, sum(by_layer.values())
+def _available_memory():
+  """Bytes of memory available (MemAvailable), or None if unknown."""
+  try:
+    with open('/proc/meminfo') as f:
+      for line in f:
+        if line.startswith('MemAvailable:'):
+          return int(line.split()[1]) * 1024
+  except OSError:
+    pass
+  return None
+
+
+def time_models(models, tokens=32, prompt_len=16, repeats=5, seed=0,
+                memory_budget=None, log=None):
+  """Times several models, interleaving their repeats to share the noise.
+
+  Models whose weights and state fit together in `memory_budget` bytes
+  (default: 60% of the available memory) are held at once and timed in
+  rounds, one repeat of each per round; larger sets are split into such
+  groups, in order.
+
+  Returns:
+    one dict per model: ms_per_token_repeats, bytes_by_layer,
+    bytes_per_token, n_params.
+  """
+  if memory_budget is None:
+    available = _available_memory()
+    memory_budget = 0.6 * available if available else float('inf')
+  sizes, all_shapes = [], []
+  for model in models:
+    check_model(model)
+    shapes_ = init_shapes(model, predict_signature(model, prompt_len))
+    all_shapes.append(shapes_)
+    sizes.append(_nbytes(shapes_[0]) + _nbytes(shapes_[1]))
+  groups, group, used = [], [], 0
+  for i, size in enumerate(sizes):
+    if group and used + size > memory_budget:
+      groups.append(group)
+      group, used = [], 0
+    group.append(i)
+    used += size
+  groups.append(group)
+  results = [None] * len(models)
+  for group in groups:
+    timers = {}
+    for i in group:
+      timers[i] = DecodeTimer(models[i], tokens, prompt_len, seed,
+                              all_shapes[i])
+      timers[i].warm_up()
+    if log:
+      log(f'timing {len(group)} model(s) together: {repeats} rounds')
+    times = {i: [] for i in group}
+    for _ in range(repeats):
+      for i in group:
+        times[i].append(timers[i].repeat())
+    for i in group:
+      by_layer, total = timers[i].step_bytes()
+      results[i] = {'ms_per_token_repeats': times[i],
+                    'bytes_by_layer': by_layer, 'bytes_per_token': total,
+                    'n_params': timers[i].n_params}
+      timers[i].close()
+    del timers
+    gc.collect()
+  return results
+
+
+def measure_model(model, tokens=32, prompt_len=16, repeats=5, seed=0):
+  """Times one predict-mode model and counts its step bytes (time_models)."""
+  return time_models([model], tokens, prompt_len, repeats, seed)[0]
 
 
 # ---------------------------------------------------------------------------
-# Benchmarking model functions.
+# Benchmarking.
 
 
 ModelSpec = collections.namedtuple(
@@ -347,8 +449,7 @@ ModelSpec = collections.namedtuple(
 ModelSpec.__doc__ = """A model to benchmark.
 
   name: label in tables.
-  model: the predict-mode layer (not initialized: `benchmark` gives it
-    random weights).
+  model: the predict-mode layer (not initialized: it gets random weights).
   base_model: the same model without decoder blocks (its embedding, cached
     encoder and logits), for the per-block figures; None if not available.
   n_blocks: number of decoder blocks of `model`, or None if unknown.
@@ -367,67 +468,8 @@ def blocks_kwarg(model_fn):
   return None
 
 
-def spec_from_function(name, model_fn, n_blocks=None, **kwargs):
-  """ModelSpec of `model_fn(mode='predict', **kwargs)` and its base model."""
-  model = model_fn(mode='predict', **kwargs)
-  kwarg = blocks_kwarg(model_fn)
-  base = None
-  if kwarg is not None and n_blocks:
-    base = model_fn(mode='predict', **{**kwargs, kwarg: 0})
-  return ModelSpec(name, model, base, n_blocks)
-
-
-def _prepare(model, prompt_len, seed):
-  check_model(model)
-  signature = predict_signature(model, prompt_len)
-  weight_shapes, state_shapes = init_shapes(model, signature)
-  weights = random_weights(weight_shapes, seed)
-  return signature, weights, state_shapes
-
-
-def measure_model(model, tokens=32, prompt_len=16, repeats=5, seed=0):
-  """Times one predict-mode model and counts its step bytes.
-
-  Returns:
-    dict: ms_per_token_repeats (one per repeat), bytes_per_token (mean over
-    the timed positions), bytes_by_layer, n_params.
-  """
-  signature, weights, state_shapes = _prepare(model, prompt_len, seed)
-  timing = time_decode(model, weights, state_shapes, signature, tokens,
-                       repeats, seed, prompt_len)
-  by_layer, total = mean_step_bytes(model, weights, timing['steady_state'],
-                                    timing['first_position'], tokens)
-  n_params = sum(int(np.prod(l.shape, dtype=np.int64))
-                 for l in jax.tree_util.tree_leaves(weights))
-  _drop_arrays(model)
-  del weights
-  gc.collect()
-  return {'ms_per_token_repeats': timing['ms_per_token'],
-          'bytes_by_layer': by_layer, 'bytes_per_token': total,
-          'n_params': n_params}
-
-
-def _drop_arrays(model):
-  """Replaces a model's weights and state by None leaves (frees memory)."""
-  to_none = lambda tree: jax.tree_util.tree_map(lambda _: None, tree)
-  model.weights, model.state = to_none(model.weights), to_none(model.state)
-
-
-def benchmark(spec, tokens=32, prompt_len=16, repeats=5, seed=0,
-              bandwidth_gbps=None):
-  """Benchmarks a ModelSpec: ms/token, ms/block, bytes/token and the bound.
-
-  The per-block figures are differences between `spec.model` and
-  `spec.base_model` (no decoder blocks), divided by `spec.n_blocks`: the
-  paper's "per block" column (Table 1) leaves out embedding and logits.
-
-  Returns:
-    dict: name, n_blocks, n_params, ms_per_token (median over repeats),
-    ms_per_token_min/max, ms_per_block, bytes_per_token, bytes_per_block,
-    bytes_by_layer and, given `bandwidth_gbps`, bound_ms_per_token,
-    bound_ms_per_block and achieved_over_bound (ms_per_token / bound).
-  """
-  full = measure_model(spec.model, tokens, prompt_len, repeats, seed)
+def _result(spec, full, base, bandwidth_gbps):
+  """A benchmark result from time_models' results for a spec's models."""
   ms = full['ms_per_token_repeats']
   result = {
       'name': spec.name, 'n_blocks': spec.n_blocks,
@@ -435,12 +477,12 @@ def benchmark(spec, tokens=32, prompt_len=16, repeats=5, seed=0,
       'ms_per_token': float(np.median(ms)),
       'ms_per_token_min': float(min(ms)),
       'ms_per_token_max': float(max(ms)),
+      'ms_per_token_repeats': [float(m) for m in ms],
       'bytes_per_token': full['bytes_per_token'],
       'bytes_by_layer': full['bytes_by_layer'],
       'ms_per_block': None, 'bytes_per_block': None,
   }
-  if spec.base_model is not None and spec.n_blocks:
-    base = measure_model(spec.base_model, tokens, prompt_len, repeats, seed)
+  if base is not None:
     base_ms = float(np.median(base['ms_per_token_repeats']))
     result['ms_no_blocks'] = base_ms
     result['ms_per_block'] = (result['ms_per_token'] - base_ms) / spec.n_blocks
@@ -456,6 +498,45 @@ def benchmark(spec, tokens=32, prompt_len=16, repeats=5, seed=0,
       result['bound_ms_per_block'] = 1e3 * result['bytes_per_block'] / (
           bandwidth_gbps * 1e9)
   return result
+
+
+def benchmark_all(specs, tokens=32, prompt_len=16, repeats=5, seed=0,
+                  bandwidth_gbps=None, memory_budget=None, log=None):
+  """Benchmarks ModelSpecs together: ms/token, ms/block, bytes, bound.
+
+  All models (and base models) are timed by one `time_models` call, so
+  repeats of models that fit in memory together are interleaved.
+
+  The per-block figures are differences between `spec.model` and
+  `spec.base_model` (no decoder blocks), divided by `spec.n_blocks`: the
+  paper's "per block" column (Table 1) leaves out embedding and logits.
+
+  Returns:
+    one dict per spec: name, n_blocks, n_params, ms_per_token (median over
+    repeats), ms_per_token_min/max/repeats, ms_per_block, ms_no_blocks,
+    bytes_per_token, bytes_per_block, bytes_by_layer and, given
+    `bandwidth_gbps`, bound_ms_per_token, bound_ms_per_block and
+    achieved_over_bound (ms_per_token / bound_ms_per_token).
+  """
+  models, index = [], []
+  for spec in specs:
+    use_base = spec.base_model is not None and bool(spec.n_blocks)
+    index.append((len(models), len(models) + 1 if use_base else None))
+    models.append(spec.model)
+    if use_base:
+      models.append(spec.base_model)
+  timed = time_models(models, tokens, prompt_len, repeats, seed,
+                      memory_budget, log)
+  return [_result(spec, timed[i], None if j is None else timed[j],
+                  bandwidth_gbps)
+          for spec, (i, j) in zip(specs, index)]
+
+
+def benchmark(spec, tokens=32, prompt_len=16, repeats=5, seed=0,
+              bandwidth_gbps=None):
+  """benchmark_all for one ModelSpec."""
+  return benchmark_all([spec], tokens, prompt_len, repeats, seed,
+                       bandwidth_gbps)[0]
 
 
 def check_model(model):

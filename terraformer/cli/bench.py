@@ -145,8 +145,7 @@ def _bench(flag_values, model_files):
     report = benchmark.run(configs, parse, flag_values.tokens,
                            flag_values.prompt_len, flag_values.repeats,
                            flag_values.seed, flag_values.compare_trax,
-                           log=lambda m: _log(m if isinstance(m, str)
-                                              else '  '.join(m)))
+                           log=_log)
     print(benchmark.format_table(report))
   if flag_values.json:
     with open(flag_values.json, 'w') as f:

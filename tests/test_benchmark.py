@@ -1,0 +1,185 @@
+"""benchmark: gin models, Trax's reference, reports, the d_model sweep."""
+import json
+
+import gin
+import numpy as np
+import pytest
+from trax.layers.research import sparsity as trax_sparsity
+
+from terraformer import benchmark
+from terraformer import decode_speed
+from terraformer import errors
+from terraformer.cli import common
+
+LM = """
+terraformer.train.model = @ScalingTransformerLM
+ScalingTransformerLM.vocab_size = 64
+ScalingTransformerLM.d_model = 32
+ScalingTransformerLM.d_ff = 64
+ScalingTransformerLM.n_layers = 2
+ScalingTransformerLM.n_heads = 4
+ScalingTransformerLM.dropout = 0.0
+ScalingTransformerLM.max_len = 128
+ScalingTransformerLM.d_lowrank = 4
+"""
+SPARSE = """
+ScalingTransformerLM.ff_sparsity = 8
+ScalingTransformerLM.attention_sparsity = 4
+ScalingTransformerLM.loss_sparsity = 4
+"""
+ENCDEC = """
+terraformer.train.model = @ScalingTransformer
+ScalingTransformer.input_vocab_size = 64
+ScalingTransformer.d_model = 32
+ScalingTransformer.d_ff = 64
+ScalingTransformer.n_encoder_layers = 2
+ScalingTransformer.n_decoder_layers = 3
+ScalingTransformer.n_heads = 4
+ScalingTransformer.max_len = 128
+ScalingTransformer.d_lowrank = 4
+ScalingTransformer.ff_sparsity = 8
+ScalingTransformer.attention_sparsity = 4
+ScalingTransformer.loss_sparsity = 4
+"""
+
+
+@pytest.fixture(autouse=True)
+def _gin():
+  common.setup()
+  yield
+  gin.clear_config()
+
+
+def _parse(text):
+  gin.clear_config()
+  gin.parse_config(text)
+
+
+def _layer_classes(layer, out=None):
+  out = set() if out is None else out
+  out.add(type(layer).__name__)
+  for sub in layer.sublayers:
+    _layer_classes(sub, out)
+  return out
+
+
+def _layer_names(layer, out=None):
+  out = set() if out is None else out
+  out.add(layer.name)
+  for sub in layer.sublayers:
+    _layer_names(sub, out)
+  return out
+
+
+def test_configured_model_reads_gin():
+  _parse(ENCDEC)
+  _, selector, kwargs = benchmark.configured_model()
+  assert selector == 'ScalingTransformer'
+  assert kwargs['n_decoder_layers'] == 3 and kwargs['d_model'] == 32
+  assert kwargs['attention_kernel_size'] == 3   # a signature default
+  spec = benchmark.spec_from_gin('x')
+  assert spec.n_blocks == 3
+  assert 'SparseFF' in _layer_classes(spec.model)
+  # The base model has no decoder blocks and one encoder block.
+  assert _layer_classes(spec.base_model) >= {'Embedding', 'MultiplicativeDense'}
+  assert 'SparseFF' in _layer_classes(spec.base_model)   # the encoder's
+  gin.clear_config()
+  with pytest.raises(errors.TerraformerError, match='no model configured'):
+    benchmark.configured_model()
+
+
+def test_trax_reference_has_the_same_sparsity():
+  _parse(ENCDEC)
+  spec = benchmark.trax_spec_from_gin('trax')
+  # Trax's SparseFF, LocallyConvDense's predict-mode buffer, and the
+  # multiplicative layers' weights (attention M = 8, loss M = 16).
+  classes = _layer_classes(spec.model)
+  assert {'_SparseFFMain', '_SparseFFController', '_RememberPad'} <= classes
+  names = _layer_names(spec.model)
+  assert {'Weights_[32, 8]', 'Weights_[32, 16]'} <= names   # E: d x M
+  assert spec.n_blocks == 3
+  assert spec.model.n_in == 2
+  _parse(LM)
+  dense = _layer_classes(benchmark.trax_spec_from_gin('trax').model)
+  assert not dense & {'_SparseFFMain', '_RememberPad', 'Weights'}
+
+
+def test_trax_reference_decodes():
+  _parse(LM + SPARSE)
+  spec = benchmark.trax_spec_from_gin('trax')
+  result = decode_speed.measure_model(spec.model, tokens=2, prompt_len=2,
+                                      repeats=1)
+  assert result['ms_per_token_repeats'][0] > 0
+
+
+def test_trax_reference_only_for_scaling_transformers():
+  with pytest.raises(errors.TerraformerError, match='no Trax reference'):
+    benchmark.trax_reference_fn('terraformer.Terraformer', {})
+
+
+def test_sweep_bindings_scale_with_d_model():
+  _parse(ENCDEC)
+  _, selector, kwargs = benchmark.configured_model()
+  assert benchmark.sweep_bindings(selector, kwargs, 64) == [
+      'ScalingTransformer.d_model = 64', 'ScalingTransformer.d_ff = 128',
+      'ScalingTransformer.n_heads = 8',
+      'ScalingTransformer.attention_sparsity = 8']
+  with pytest.raises(errors.TerraformerError, match='does not scale'):
+    benchmark.sweep_bindings(selector, kwargs, 16 + 8)
+
+
+def test_run_report_is_consistent(tmp_path):
+  texts = {'dense': LM, 'sparse': LM + SPARSE}
+  report = benchmark.run([(k, k) for k in texts],
+                         lambda name, extra: _parse(texts[name]), tokens=2,
+                         prompt_len=3, repeats=2, log=lambda _: None)
+  dense, sparse = report['models']
+  assert [dense['name'], sparse['name']] == ['dense', 'sparse']
+  assert dense['speedup'] == 1.0
+  assert sparse['speedup'] == pytest.approx(
+      dense['ms_per_token'] / sparse['ms_per_token'])
+  for r in report['models']:
+    assert r['n_blocks'] == 2
+    assert r['bound_ms_per_token'] == pytest.approx(
+        1e3 * r['bytes_per_token'] / (report['bandwidth_gbps'] * 1e9))
+    assert r['achieved_over_bound'] == pytest.approx(
+        r['ms_per_token'] / r['bound_ms_per_token'])
+    assert r['ms_per_block'] == pytest.approx(
+        (r['ms_per_token'] - r['ms_no_blocks']) / 2)
+    assert sum(r['bytes_by_layer'].values()) == pytest.approx(
+        r['bytes_per_token'])
+  # Sparse layers read fewer bytes per block.
+  assert sparse['bytes_per_block'] < dense['bytes_per_block'] / 2
+  table = benchmark.format_table(report)
+  assert table.splitlines()[0].split()[:3] == ['model', 'ms/token',
+                                               '[min-max]']
+  assert [l.split()[0] for l in table.splitlines()[1:3]] == ['dense',
+                                                            'sparse']
+  text = json.dumps(benchmark.json_report(report))
+  assert json.loads(text)['models'][1]['name'] == 'sparse'
+
+
+def test_plot_sweep_writes_png(tmp_path):
+  rows = []
+  for d, speedup in ((32, 1.5), (64, 2.0)):
+    rows.append({'d_model': d, 'models': {
+        'dense': {'speedup': 1.0, 'speedup_per_block': 1.0},
+        'sparse': {'speedup': speedup, 'speedup_per_block': 2 * speedup}}})
+  path = tmp_path / 'sweep.png'
+  benchmark.plot_sweep({'names': ['dense', 'sparse'], 'rows': rows},
+                       str(path))
+  assert path.read_bytes()[:8] == b'\x89PNG\r\n\x1a\n'
+
+
+def test_mirror_of_trax_sparse_ff_is_trax_layer():
+  """The reference really is Trax's research code, not ours."""
+  _parse(LM + SPARSE)
+  spec = benchmark.trax_spec_from_gin('trax')
+
+  def find(layer):
+    if type(layer).__module__ == trax_sparsity.__name__:
+      return True
+    return any(find(s) for s in layer.sublayers)
+
+  assert find(spec.model)
+  assert np.isfinite(spec.n_blocks)
