@@ -155,6 +155,8 @@ def _bench(flag_values, model_files):
 
 def main(argv=None):
   argv = sys.argv if argv is None else argv
+  if any(a in ('-h', '--help', '-help', '--helpfull') for a in argv[1:]):
+    print(__doc__)  # Says how --config_file differs from terraformer-train.
   try:
     argv, model_files = split_config_files(list(argv))
   except errors.TerraformerError as e:

@@ -72,9 +72,11 @@ class SparseFF(tl.Layer):
     logits = self.controller_logits(x)
     if self._mode == 'train':
       rng_noise, rng_select, rng_dropout = fastmath.random.split(self.rng, 3)
-      replayed = (self.state.get(_REPLAY)
-                  if isinstance(self.state, dict) else None)
-      mask, choice = self._gumbel_mask(logits, rng_noise, rng_select, replayed)
+      choice = (self.state.get(_REPLAY)
+                if isinstance(self.state, dict) else None)
+      if choice is None:
+        choice = jnp.argmax(self._gumbel_noisy(logits, rng_noise), axis=-1)
+      mask = self._gumbel_mask(logits, rng_noise, rng_select, choice)
       if self._store_decisions:
         self.state = {'decisions': choice.astype(self._decision_dtype)}
     else:
@@ -88,22 +90,26 @@ class SparseFF(tl.Layer):
       h = jnp.where(keep, h / (1.0 - self._dropout), 0.0)
     return jnp.dot(h.reshape(x.shape[:-1] + (self._d_ff,)), w2) + b2
 
+  def _gumbel_noisy(self, logits, rng_noise):
+    """Logits plus Gumbel noise: their argmax is a sample (Gumbel-max)."""
+    u = fastmath.random.uniform(rng_noise, logits.shape, logits.dtype,
+                                minval=1e-6, maxval=1.0 - 1e-6)
+    return logits - jnp.log(-jnp.log(u))
+
   def _gumbel_mask(self, logits, rng_noise, rng_select, choice=None):
     """Straight-through Gumbel-softmax sample, hard with prob. quant_prob.
 
-    Returns (mask, choice): `choice` is the sampled unit of every block, the
-    given one when `choice` (stored decisions) is passed.
+    `choice` ([..., n_blocks] unit indices, e.g. stored decisions) replaces
+    the sampled argmax in the hard one-hot.
     """
-    u = fastmath.random.uniform(rng_noise, logits.shape, logits.dtype,
-                                minval=1e-6, maxval=1.0 - 1e-6)
-    noisy = logits - jnp.log(-jnp.log(u))
+    noisy = self._gumbel_noisy(logits, rng_noise)
     soft = jax.nn.softmax(noisy / self._temperature, axis=-1)
     if choice is None:
       choice = jnp.argmax(noisy, axis=-1)
     hard = jax.nn.one_hot(choice, self._n_block, dtype=logits.dtype)
     straight_through = hard + (soft - jax.lax.stop_gradient(soft))
     use_hard = fastmath.random.uniform(rng_select, ()) < self._quant_prob
-    return jnp.where(use_hard, straight_through, soft), choice
+    return jnp.where(use_hard, straight_through, soft)
 
   @property
   def _decision_dtype(self):

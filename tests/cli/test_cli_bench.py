@@ -89,7 +89,8 @@ def test_errors(tmp_path, capsys, args, parts):
 def test_help(capsys):
   code, out, _ = _run(capsys, '--help')
   assert code == 0
-  assert '--compare_trax' in out and '--sweep' in out
+  assert 'compare_trax' in out and 'sweep_d_models' in out
+  assert 'EACH --config_file is one model' in out
 
 
 @pytest.mark.slow
