@@ -323,7 +323,7 @@ def sweep_bindings(selector, kwargs, d_model):
 
 
 def sweep(configs, parse, d_models=DEFAULT_SWEEP_D_MODELS, tokens=16,
-          prompt_len=16, repeats=3, seed=0, log=print):
+          prompt_len=16, repeats=3, seed=0, memory_budget=None, log=print):
   """Speed of each configuration at each d_model; speedups over the first.
 
   Args:
@@ -346,7 +346,7 @@ def sweep(configs, parse, d_models=DEFAULT_SWEEP_D_MODELS, tokens=16,
       specs.append(spec_from_gin(name))
     log(f'sweep: d_model={d_model}...')
     timed = decode_speed.benchmark_all(specs, tokens, prompt_len, repeats,
-                                       seed, bandwidth, log=log)
+                                       seed, bandwidth, memory_budget, log)
     del specs
     gc.collect()
     row = {'d_model': d_model,

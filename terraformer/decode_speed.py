@@ -54,13 +54,23 @@ def make_step(model, donate_state=True):
 
   One XLA computation per token for the whole model. With `donate_state`
   the state's buffers are donated to the call: key/value caches and
-  convolution buffers are updated in place instead of copied every token.
-  `model` must hold weights and state of the right structure (e.g. after
-  `init`, or `model.weights, model.state = weights, state`): Trax's
-  `pure_fn` restores them after the call.
+  convolution buffers are updated in place instead of copied every token,
+  and the state passed in must not be used again. `model` must hold weights
+  and state of the right tree structure (e.g. after `init`, or
+  `model.weights, model.state = weights, state`): Trax's `pure_fn` restores
+  them after the call.
   """
-  donate = (2,) if donate_state else ()
-  return jax.jit(model.pure_fn, donate_argnums=donate)
+  jitted = jax.jit(model.pure_fn, donate_argnums=(2,) if donate_state else ())
+
+  def step(x, weights, state, rng):
+    with warnings.catch_warnings():
+      # The first call changes the state's structure (tl.Cache fills in),
+      # so some donated buffers cannot be reused there: expected.
+      warnings.filterwarnings('ignore', message='Some donated buffers')
+      return jitted(x, weights, state, rng)
+
+  step.jitted = jitted
+  return step
 
 
 class FastPredict:
@@ -84,11 +94,7 @@ class FastPredict:
     self._step = make_step(model, donate_state)
 
   def __call__(self, x):
-    with warnings.catch_warnings():
-      # The first call changes the state's structure (tl.Cache fills in), so
-      # some donated buffers cannot be reused; that is expected.
-      warnings.filterwarnings('ignore', message='Some donated buffers')
-      outputs, self.state = self._step(x, self.weights, self.state, self.rng)
+    outputs, self.state = self._step(x, self.weights, self.state, self.rng)
     return outputs
 
 
@@ -118,22 +124,71 @@ def init_shapes(model, signature):
       lambda: scratch.init(signature, rng=jax.random.PRNGKey(0)))
 
 
-def random_weights(weight_shapes, seed=0):
+def _run_once_mask(model, weights):
+  """Tree like `weights`: True for leaves of layers under a tl.Cache.
+
+  Those layers (the encoder, the encoder-decoder keys and values) run on the
+  first call only; decoding steps never read their weights.
+  """
+  def walk(layer, w, cached):
+    if isinstance(w, dict) and w == tl.GET_WEIGHTS_FROM_CACHE:
+      return w
+    cached = cached or isinstance(layer, trax_combinators.Cache)
+    subs = layer.sublayers
+    if subs and isinstance(w, (tuple, list)) and len(w) == len(subs):
+      return type(w)(walk(sub, sub_w, cached) for sub, sub_w in zip(subs, w))
+    return jax.tree_util.tree_map(lambda _: cached, w)
+  return walk(model, weights, False)
+
+
+def random_weights(weight_shapes, seed=0, model=None):
   """Random arrays in place of a weights tree of shapes (fast, no init).
 
   Matrices get N(0, 1/fan_in), vectors N(0, 0.02^2): decoding speed does not
-  depend on the values, but they must stay finite through the layers.
+  depend on the values, but they must stay finite through the layers. Given
+  the `model`, the weights of layers that only run on the first call (under
+  tl.Cache: the encoder) share one array per shape, to save memory; every
+  weight a decoding step reads is its own array.
   """
   rng = np.random.default_rng(seed)
+  shared = {}
 
-  def fill(leaf):
+  def fill(leaf, run_once=False):
+    key = (leaf.shape, jnp.dtype(leaf.dtype).name)
+    if run_once and key in shared:
+      return shared[key]
     if not jnp.issubdtype(leaf.dtype, jnp.floating):
-      return jnp.zeros(leaf.shape, leaf.dtype)
-    values = rng.standard_normal(leaf.shape, dtype=np.float32)
-    values *= (1.0 / np.sqrt(leaf.shape[0])) if len(leaf.shape) >= 2 else 0.02
-    return jnp.asarray(values, dtype=leaf.dtype)
+      value = jnp.zeros(leaf.shape, leaf.dtype)
+    else:
+      values = rng.standard_normal(leaf.shape, dtype=np.float32)
+      values *= (1.0 / np.sqrt(leaf.shape[0])) if len(leaf.shape) >= 2 else (
+          0.02)
+      value = jnp.asarray(values, dtype=leaf.dtype)
+    if run_once:
+      shared[key] = value
+    return value
 
-  return jax.tree_util.tree_map(fill, weight_shapes)
+  if model is None:
+    return jax.tree_util.tree_map(fill, weight_shapes)
+  return jax.tree_util.tree_map(fill, weight_shapes,
+                                _run_once_mask(model, weight_shapes))
+
+
+def weights_memory(weight_shapes, model=None):
+  """Bytes `random_weights(weight_shapes, model=model)` allocates."""
+  if model is None:
+    return _nbytes(weight_shapes)
+  total, seen = 0, set()
+  for leaf, run_once in zip(
+      jax.tree_util.tree_leaves(weight_shapes),
+      jax.tree_util.tree_leaves(_run_once_mask(model, weight_shapes))):
+    key = (leaf.shape, jnp.dtype(leaf.dtype).name)
+    if run_once and key in seen:
+      continue
+    if run_once:
+      seen.add(key)
+    total += _nbytes(leaf)
+  return total
 
 
 def zero_state(state_shapes):
@@ -196,7 +251,7 @@ def _leaf_layer_bytes(layer, weights, state, position, n_tokens):
 
 def _layer_bytes(layer, weights, state, position, n_tokens, out):
   if isinstance(weights, dict) and weights == tl.GET_WEIGHTS_FROM_CACHE:
-    weights = ()  # A shared layer: its weights are counted where first used.
+    weights = layer.weights  # A shared layer, read again at each use.
   if isinstance(layer, trax_combinators.Cache):
     cached, sub_state = state
     if not (isinstance(cached, tuple) and not cached):
@@ -292,7 +347,7 @@ class DecodeTimer:
     self.signature = predict_signature(model, prompt_len)
     weight_shapes, self.state_shapes = shapes_ or init_shapes(
         model, self.signature)
-    self.weights = random_weights(weight_shapes, seed)
+    self.weights = random_weights(weight_shapes, seed, model)
     self.prompt = jnp.asarray(np.random.default_rng(seed).integers(
         1, 100, size=(1, prompt_len)).astype(np.int32))
     self.rng = jax.random.PRNGKey(seed)
@@ -301,7 +356,7 @@ class DecodeTimer:
     model.weights = self.weights
     model.state = jax.tree_util.tree_map(
         lambda s: np.zeros((), s.dtype), self.state_shapes)
-    self._step = make_step(model)
+    self._step = make_step(model).jitted
     self.steady_state = None    # State shapes after the first call.
     self.first_position = None  # Decoder position of the first timed token.
 
@@ -407,7 +462,7 @@ def time_models(models, tokens=32, prompt_len=16, repeats=5, seed=0,
     check_model(model)
     shapes_ = init_shapes(model, predict_signature(model, prompt_len))
     all_shapes.append(shapes_)
-    sizes.append(_nbytes(shapes_[0]) + _nbytes(shapes_[1]))
+    sizes.append(weights_memory(shapes_[0], model) + _nbytes(shapes_[1]))
   groups, group, used = [], [], 0
   for i, size in enumerate(sizes):
     if group and used + size > memory_budget:
@@ -419,10 +474,12 @@ def time_models(models, tokens=32, prompt_len=16, repeats=5, seed=0,
   results = [None] * len(models)
   for group in groups:
     timers = {}
+    step_bytes_ = {}
     for i in group:
       timers[i] = DecodeTimer(models[i], tokens, prompt_len, seed,
                               all_shapes[i])
       timers[i].warm_up()
+      step_bytes_[i] = timers[i].step_bytes()
     if log:
       log(f'timing {len(group)} model(s) together: {repeats} rounds')
     times = {i: [] for i in group}
@@ -430,7 +487,7 @@ def time_models(models, tokens=32, prompt_len=16, repeats=5, seed=0,
       for i in group:
         times[i].append(timers[i].repeat())
     for i in group:
-      by_layer, total = timers[i].step_bytes()
+      by_layer, total = step_bytes_[i]
       results[i] = {'ms_per_token_repeats': times[i],
                     'bytes_by_layer': by_layer, 'bytes_per_token': total,
                     'n_params': timers[i].n_params}

@@ -80,6 +80,28 @@ def test_random_weights_fill_the_shapes():
   assert np.std(np.asarray(leaves[0])) > 0
 
 
+def test_random_weights_share_only_what_decoding_never_reads():
+  model = _encdec(n_layers=2)
+  sig = decode_speed.predict_signature(model, prompt_len=5)
+  weight_shapes, _ = decode_speed.init_shapes(model, sig)
+  weights = decode_speed.random_weights(weight_shapes, model=model)
+  run_once = jax.tree_util.tree_leaves(
+      decode_speed._run_once_mask(model, weight_shapes))  # pylint: disable=protected-access
+  leaves = jax.tree_util.tree_leaves(weights)
+  stepped = [id(l) for l, once in zip(leaves, run_once) if not once]
+  assert len(set(stepped)) == len(stepped)
+  # Encoder (1 block + embedding + norm) and the 2 blocks' cross-attention
+  # keys and values run once; their [D, D] matrices share one array.
+  once = [l for l, flag in zip(leaves, run_once) if flag]
+  square = [l for l in once if l.shape == (D, D)]
+  assert len(square) == 4 + 2 * 2 and len({id(l) for l in square}) == 1
+  unique = {id(l): l.nbytes for l in leaves}
+  assert decode_speed.weights_memory(weight_shapes, model) == sum(
+      unique.values())
+  assert decode_speed.weights_memory(weight_shapes) == sum(
+      l.nbytes for l in leaves)
+
+
 # --- The jitted step --------------------------------------------------------
 
 

@@ -55,6 +55,10 @@ def _define_flags(flag_values):
                     flag_values=flag_values)
   flags.DEFINE_list('sweep_d_models', '512,1024,2048,4096',
                     'd_model values of --sweep.', flag_values=flag_values)
+  flags.DEFINE_float('memory_budget_gb', None,
+                     'Models held (and timed interleaved) at once; default '
+                     '40% of the available memory.', lower_bound=0.1,
+                     flag_values=flag_values)
   flags.DEFINE_string('plot', 'terraformer_bench_sweep.png',
                       'PNG written by --sweep.', flag_values=flag_values)
 
@@ -107,6 +111,11 @@ def _check_writable_file(path, flag):
     raise errors.TerraformerError(f'--{flag}={path} is a directory')
 
 
+def _budget(flag_values):
+  gb = flag_values.memory_budget_gb
+  return None if gb is None else gb * 1e9
+
+
 def _log(message):
   print(message, file=sys.stderr, flush=True)
 
@@ -135,7 +144,7 @@ def _bench(flag_values, model_files):
           '--sweep needs two or more models (the first is the baseline)')
     report = benchmark.sweep(configs, parse, d_models, flag_values.tokens,
                              flag_values.prompt_len, flag_values.repeats,
-                             flag_values.seed, log=_log)
+                             flag_values.seed, _budget(flag_values), log=_log)
     print(benchmark.format_sweep(report))
     benchmark.plot_sweep(report, flag_values.plot)
     print(f'plot: {flag_values.plot}')
@@ -145,7 +154,7 @@ def _bench(flag_values, model_files):
     report = benchmark.run(configs, parse, flag_values.tokens,
                            flag_values.prompt_len, flag_values.repeats,
                            flag_values.seed, flag_values.compare_trax,
-                           log=_log)
+                           _budget(flag_values), log=_log)
     print(benchmark.format_table(report))
   if flag_values.json:
     with open(flag_values.json, 'w') as f:

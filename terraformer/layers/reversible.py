@@ -20,10 +20,13 @@ their decisions in their state and implement
 Memory: `jax.grad` through a `ReversibleSerial` (Trax's `Trainer`, the path
 `terraformer.train` uses by default) calls its custom backward
 (`reverse_and_grad`), which keeps only the stack's inputs and outputs, not
-per-layer activations. XLA would still share weight-only values (e.g. a
-broadcast bias) between the forward pass and a layer's recomputation and keep
-them alive in between, for every layer; `HalfResidual` passes the weights it
-recomputes with through an optimization barrier to prevent that.
+per-layer activations. For XLA to actually free them, `HalfResidual` makes
+each recomputation data-dependent on the gradient arriving from the layer
+above (adding 0 * one gradient element): left free, XLA's scheduler may
+recompute the layers of a stack early (e.g. the encoder's during the
+decoder's backward pass) or share weight- and mask-only values with the
+forward pass, and keep all of them alive, as much memory as without
+reversibility (`terraformer-memory-bench` measures it).
 """
 import jax
 from trax import fastmath
@@ -49,6 +52,15 @@ def replay_state(layer, state, new_state):
 
 def _is_float(x):
   return jax.numpy.issubdtype(x.dtype, jax.numpy.inexact)
+
+
+def _tied(x, zero):
+  """x, made data-dependent on the scalar `zero` (== 0) without changing it."""
+  if _is_float(x):
+    return x + zero.astype(x.dtype)
+  if x.dtype == jax.numpy.bool_:
+    return jax.numpy.logical_and(x, zero == 0)
+  return x
 
 
 class HalfResidual(tl.ReversibleHalfResidual):
@@ -87,6 +99,14 @@ class HalfResidual(tl.ReversibleHalfResidual):
     run_state = (replay_state(f, state[0], new_state[0])
                  if self._replay_decisions else state[0])
     f_rng = cb._split_rngs(rng, 1)[0]  # pylint: disable=protected-access
+    # Recompute f only once the gradient from above is there, with an exact
+    # data dependency (x + 0 * g): otherwise XLA may recompute all layers
+    # early, or share weight- or mask-only values with the forward pass (a
+    # broadcast bias or padding mask), and keep them all alive. (XLA's CPU
+    # pipeline drops optimization barriers, so they cannot do this.)
+    tie = 0.0 * acc_grad.ravel()[0]
+    args = tuple(_tied(a, tie) for a in args)
+    f_weights = jax.tree_util.tree_map(lambda w: _tied(w, tie), weights[0])
     is_float = [_is_float(a) for a in args]
 
     def residual(float_args, f_weights):
@@ -97,12 +117,6 @@ class HalfResidual(tl.ReversibleHalfResidual):
       return out[0] if isinstance(out, (tuple, list)) else out
 
     float_args = tuple(a for a, fl in zip(args, is_float) if fl)
-    # The barrier makes the weights used here distinct values from those of
-    # the forward pass: XLA would otherwise share (CSE) weight-only values,
-    # e.g. broadcast biases, between the two passes and keep them alive from
-    # the forward pass to this layer's backward, for every layer.
-    float_args, f_weights = jax.lax.optimization_barrier(
-        (float_args, weights[0]))
     res, vjp = fastmath.vjp(residual, float_args, f_weights)
     args_grad, f_weights_grad = vjp(acc_grad)
     args_grad = iter(args_grad)

@@ -1,5 +1,6 @@
 """Sparse loss layer: multiplicative final projection to the vocabulary (§3.3)."""
 import gin
+from trax import layers as tl
 
 from terraformer.layers.multiplicative_dense import MultiplicativeDense
 
@@ -8,11 +9,19 @@ from terraformer.layers.multiplicative_dense import MultiplicativeDense
 def SparseLogits(vocab_size, n_modules=4):
   """The d_model -> vocab dense layer replaced by a multiplicative one (§3.3, 6.2).
 
-  S = `n_modules` modules of size vocab_size / S, plus a bias per token:
-  d_model * (S + vocab_size / S) + vocab_size weights instead of
-  (d_model + 1) * vocab_size.
+  S = `n_modules` modules of size M = ceil(vocab_size / S), plus a bias per
+  output: d_model * (S + M) + S * M weights instead of (d_model + 1) *
+  vocab_size. When S does not divide the vocabulary (e.g. 32100 = 32000
+  pieces + 100 T5 sentinels with S = 8) the last S * M - vocab_size outputs
+  are computed and dropped.
   """
-  if vocab_size % n_modules:
-    raise ValueError(f'vocab_size={vocab_size} is not a multiple of the loss '
-                     f'sparsity S={n_modules}.')
-  return MultiplicativeDense(n_modules, vocab_size // n_modules, use_bias=True)
+  if n_modules < 1 or n_modules > vocab_size:
+    raise ValueError(f'loss sparsity S={n_modules} must be in '
+                     f'[1, vocab_size={vocab_size}].')
+  d_module = -(-vocab_size // n_modules)
+  logits = MultiplicativeDense(n_modules, d_module, use_bias=True)
+  if n_modules * d_module == vocab_size:
+    return logits
+  return tl.Serial(
+      logits,
+      tl.Fn(f'DropPaddedLogits_{vocab_size}', lambda x: x[..., :vocab_size]))
