@@ -140,9 +140,14 @@ def _bound(*names):
   for name in names:
     for scope in ('', 'train/'):
       try:
-        return gin.query_parameter(scope + name)
+        value = gin.query_parameter(scope + name)
       except ValueError:
-        pass
+        continue
+      # A macro (`input_len = %INPUT_LEN`) is a reference: its value.
+      while (isinstance(value, gin.config.ConfigurableReference)
+             and value.evaluate):
+        value = value.scoped_configurable_fn()
+      return value
   return None
 
 

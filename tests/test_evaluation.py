@@ -166,3 +166,20 @@ def test_with_weights_gives_the_same_function():
   np.testing.assert_array_equal(
       decoding.decode(predict, x[:1], max_length=5, eos_id=None),
       decoding.decode(reference, x[:1], max_length=5, eos_id=None))
+
+
+def test_training_lengths_resolve_macros():
+  """`summarization_stream.input_len = %INPUT_LEN` (gin/main/finetune.gin)
+  gives the macro's value, through nested macros too."""
+  import gin  # pylint: disable=g-import-not-at-top
+  from terraformer.data import summarization  # pylint: disable=g-import-not-at-top,unused-import
+  try:
+    gin.parse_config("""
+        INPUT_LEN = 512
+        LEN = %INPUT_LEN
+        summarization_stream.input_len = %LEN
+        train/summarization_stream.target_len = 96
+    """)
+    assert evaluation.training_lengths() == (512, 96)
+  finally:
+    gin.clear_config()

@@ -4,6 +4,7 @@
       [--max_examples=N] [--method=sample|greedy|beam] [--temperature=0.5]
       [--top_k=K] [--top_p=P] [--beam_size=B] [--length_penalty=A]
       [--max_length=N] [--input_len=N] [--batch_size=N] [--seed=S]
+      [--print_examples=N]
 
 Decodes the articles of a split with the checkpoint in CKPT_DIR and reports
 ROUGE-1, ROUGE-2, ROUGE-LSum and ROUGE-L F1 (rouge-score) and the reference
@@ -12,8 +13,11 @@ log-perplexity; see `terraformer.evaluation.evaluate`, whose gin parameters
 paper's decoding (temperature 0.5) on the offline aclsum papers; bind
 `terraformer.evaluate.examples_fn = @terraformer.data.summarization_pairs`
 for arXiv. Per-example outputs (JSONL) and the summary (JSON) are written
-into CKPT_DIR.
+into CKPT_DIR; --print_examples=N also prints the first N generated summaries
+next to their references.
 """
+import itertools
+import json
 import sys
 
 from absl import flags
@@ -54,6 +58,9 @@ def _define_flags(flag_values):
   define(flags.DEFINE_integer, 'batch_size', 'Examples decoded together.',
          lower_bound=1)
   define(flags.DEFINE_integer, 'seed', 'Sampling seed.')
+  flags.DEFINE_integer('print_examples', 0,
+                       'Also print the first N generated summaries and their '
+                       'references.', lower_bound=0, flag_values=flag_values)
 
 
 def _precheck(flag_values):
@@ -81,6 +88,21 @@ def format_summary(summary):
   return '\n'.join(lines)
 
 
+def format_examples(jsonl_path, n, max_chars=600):
+  """The first `n` examples of an `evaluate` JSONL: prediction, reference."""
+  lines = []
+  with open(jsonl_path, encoding='utf-8') as f:
+    for row in itertools.islice(f, n):
+      row = json.loads(row)
+      cut = lambda text: (text if len(text) <= max_chars
+                          else text[:max_chars] + ' [...]')
+      lines += [f'--- example {row["index"]} (ROUGE-1 F1 '
+                f'{100 * row["rouge1"]:.2f}): {cut(row["article_start"])!r}',
+                f'generated: {cut(row["prediction"])}',
+                f'reference: {cut(row["reference"])}']
+  return '\n'.join(lines)
+
+
 def _eval(flag_values):
   from terraformer import evaluation  # pylint: disable=g-import-not-at-top
   common.require_bindings('terraformer.text_vocab', ['vocab_size'])
@@ -88,6 +110,9 @@ def _eval(flag_values):
             if getattr(flag_values, name) is not None}
   summary = evaluation.evaluate(flag_values.output_dir, **kwargs)
   print(format_summary(summary))
+  if flag_values.print_examples:
+    print(format_examples(summary['examples_jsonl'],
+                          flag_values.print_examples))
   return 0
 
 

@@ -23,6 +23,10 @@ Documents are packed: words are taken in order, across document boundaries
 (marked by EOS), until the inputs or the targets would overflow; so no
 target is ever truncated. Decoder-only models use `c4_lm_stream`: documents
 with EOS, concatenated and cut into windows.
+
+Documents come from TFDS (`source='tfds'`, C4 by default) or, offline, from
+the paper bodies of an aclsum split (`source='aclsum'`, one document per
+paper; see `aclsum_papers`).
 """
 import itertools
 import logging
@@ -31,6 +35,7 @@ import gin
 import numpy as np
 import sentencepiece as spm
 
+from terraformer.data import aclsum_papers
 from terraformer.data import streaming
 from terraformer.data import streams
 from terraformer.data import tfds_text
@@ -38,6 +43,8 @@ from terraformer.data import vocab as vocab_lib
 from terraformer.errors import TerraformerError
 
 WORD_START = '\u2581'  # SentencePiece's word boundary marker.
+# Where the documents come from: TFDS (C4) or the offline aclsum paper bodies.
+SOURCES = ('tfds', 'aclsum')
 _DOCS_PER_ENCODE = 64  # Documents tokenized together (in parallel).
 
 
@@ -197,18 +204,42 @@ def _check_fraction(name, value):
     raise TerraformerError(f'{name} must be in (0, 1), got {value!r}')
 
 
-def _open(split, dataset, data_dir, version, vocab_size, vocab_path,
+def _aclsum_texts(split, papers_dir, shuffle, seed):
+  """A one-pass reading function over the paper bodies of an aclsum split.
+
+  Each pass yields `(body,)` tuples (as `tfds_text.texts` does); with
+  `shuffle`, each pass has a new paper order.
+  """
+  bodies = [p['body'] for p in aclsum_papers.load_split(split, papers_dir)]
+  rng = np.random.default_rng(seed)
+
+  def one_pass():
+    order = rng.permutation(len(bodies)) if shuffle else range(len(bodies))
+    return ((bodies[i],) for i in order)
+
+  return one_pass
+
+
+def _open(split, source, dataset, data_dir, version, vocab_size, vocab_path,
           papers_dir, seed, shuffle, text_key):
-  """Vocab, a one-pass reading function, and whether to shuffle."""
+  """Vocab, a one-pass reading function, whether to shuffle, and a name."""
+  if source not in SOURCES:
+    raise TerraformerError(
+        f'Unknown c4_stream source {source!r}; expected one of {SOURCES}')
   vocab = vocab_lib.get_vocab(vocab_size, vocab_path, papers_dir)
   shuffle = split.startswith('train') if shuffle is None else shuffle
+  if source == 'aclsum':
+    one_pass = _aclsum_texts(split, papers_dir, shuffle, seed)
+    return vocab, one_pass, shuffle, f'aclsum paper bodies {split!r}'
   one_pass = tfds_text.texts(dataset, split, (text_key,), data_dir=data_dir,
                              version=version, shuffle_files=shuffle, seed=seed)
-  return vocab, one_pass, shuffle
+  return (vocab, one_pass, shuffle,
+          f'{tfds_text.dataset_name(dataset, version)} {split!r}')
 
 
 @gin.configurable(module='terraformer.data')
-def c4_stream(split='train', input_len=1024, target_len=256, batch_size=8,
+def c4_stream(split='train', source='tfds', input_len=1024, target_len=256,
+              batch_size=8,
               noise_density=0.15, n_sentinels=100, pack=True,
               vocab_size=32000, vocab_path=None, papers_dir=None,
               dataset='c4/en', version=None, data_dir=None, text_key='text',
@@ -220,7 +251,11 @@ def c4_stream(split='train', input_len=1024, target_len=256, batch_size=8,
   must have `vocab_size + n_sentinels` entries.
 
   Args:
-    split: TFDS split: 'train', 'validation', or a slice like 'train[:1%]'.
+    split: TFDS split: 'train', 'validation', or a slice like 'train[:1%]';
+      for source 'aclsum': 'train', 'validation' or 'test'.
+    source: where the documents come from: 'tfds' (`dataset`, e.g. C4,
+      through TFDS) or 'aclsum' (the body of each paper of the offline
+      aclsum `split`, see `aclsum_papers`; offline stand-in for C4).
     input_len: tokens per input (masked text + EOS).
     target_len: tokens per target (sentinels and masked words + EOS).
     batch_size: examples per batch.
@@ -231,8 +266,9 @@ def c4_stream(split='train', input_len=1024, target_len=256, batch_size=8,
     vocab_size: pieces of the SentencePiece model (must match it).
     vocab_path: a SentencePiece model (e.g. T5's); default: the project's,
       trained on the offline papers (`terraformer.data.get_vocab`).
-    papers_dir: papers the default vocab is trained on.
-    dataset: TFDS dataset name.
+    papers_dir: papers the default vocab is trained on (and, for source
+      'aclsum', the papers read).
+    dataset: TFDS dataset name (source 'tfds').
     version: TFDS version (e.g. '3.1.0'); None: TFDS's default.
     data_dir: folder with the prepared TFDS data; None: TFDS's default.
     text_key: the text feature.
@@ -256,10 +292,9 @@ def c4_stream(split='train', input_len=1024, target_len=256, batch_size=8,
         f'c4_stream needs input_len >= 2 and target_len >= 3, got '
         f'{input_len} and {target_len}')
   _check_fraction('noise_density', noise_density)
-  vocab, one_pass, shuffle = _open(split, dataset, data_dir, version,
-                                   vocab_size, vocab_path, papers_dir, seed,
-                                   shuffle, text_key)
-  where = f'{tfds_text.dataset_name(dataset, version)} {split!r}'
+  vocab, one_pass, shuffle, where = _open(
+      split, source, dataset, data_dir, version, vocab_size, vocab_path,
+      papers_dir, seed, shuffle, text_key)
   mask_rng, shuffle_rng = (np.random.default_rng(s) for s in
                            np.random.SeedSequence(seed).spawn(2))
   masker = WordMasker(word_start_table(vocab), input_len, target_len,
@@ -287,7 +322,8 @@ def c4_stream(split='train', input_len=1024, target_len=256, batch_size=8,
 
 
 @gin.configurable(module='terraformer.data')
-def c4_lm_stream(split='train', seq_len=1024, batch_size=8, pack=True,
+def c4_lm_stream(split='train', source='tfds', seq_len=1024, batch_size=8,
+                 pack=True,
                  vocab_size=32000, vocab_path=None, papers_dir=None,
                  dataset='c4/en', version=None, data_dir=None, text_key='text',
                  min_doc_tokens=1, max_doc_tokens=None, shuffle_buffer=1024,
@@ -306,10 +342,9 @@ def c4_lm_stream(split='train', seq_len=1024, batch_size=8, pack=True,
   """
   streams._check_positive(  # pylint: disable=protected-access
       seq_len=seq_len, batch_size=batch_size, min_doc_tokens=min_doc_tokens)
-  vocab, one_pass, shuffle = _open(split, dataset, data_dir, version,
-                                   vocab_size, vocab_path, papers_dir, seed,
-                                   shuffle, text_key)
-  where = f'{tfds_text.dataset_name(dataset, version)} {split!r}'
+  vocab, one_pass, shuffle, where = _open(
+      split, source, dataset, data_dir, version, vocab_size, vocab_path,
+      papers_dir, seed, shuffle, text_key)
   rng = np.random.default_rng(seed)
 
   def windows():

@@ -243,3 +243,43 @@ def test_gin_configurable(vocab, docs, papers_dir):
     assert inputs.shape == (3, 32) and targets.shape == (3, 16)
   finally:
     gin.clear_config()
+
+
+@pytest.mark.slow
+def test_aclsum_source_masks_the_real_paper_bodies(cache_dir):
+  """source='aclsum': the masked batches are the validation papers' bodies,
+  in split order (real corpus, real 2048-piece vocab)."""
+  v = 2048
+  vocab = vocab_lib.get_vocab(v)
+  papers = aclsum_papers.load_split('validation')
+  bodies = [p['body'] for p in papers]
+  sentinels = list(c4.sentinel_ids(v, 100))
+  stream = c4.c4_stream(split='validation', source='aclsum', input_len=256,
+                        target_len=64, batch_size=4, vocab_size=v,
+                        repeat=False)
+  rows = _rows(stream)
+  tokens, n_spans = [], 0
+  for inputs, targets in rows:
+    assert len(inputs) <= 256 and len(targets) <= 64
+    out, spans = _reconstruct(list(inputs), list(targets), sentinels,
+                              vocab.eos_id)
+    tokens += [t for t in out if t != vocab.eos_id]
+    n_spans += len(spans)
+  assert tokens == [t for d in vocab.encode_batch(bodies) for t in d]
+  # The text itself: decoded back, it starts as the first paper's body.
+  text = vocab.decode(tokens[:200])
+  assert ' '.join(text.split()[:20]) == ' '.join(bodies[0].split()[:20])
+  assert n_spans > 100
+  # Not the training papers, and shuffled by default for 'train'.
+  train = c4.c4_stream(split='train', source='aclsum', input_len=256,
+                       target_len=64, batch_size=4, vocab_size=v)
+  inputs, targets, _ = next(train)
+  assert inputs.shape == (4, 256) and targets.shape == (4, 64)
+  assert (inputs >= v).any()
+
+
+def test_unknown_source(papers_dir, shared_cache_dir):
+  with pytest.raises(TerraformerError, match="Unknown c4_stream source 'c4'"):
+    _masked(papers_dir, source='c4')
+  with pytest.raises(TerraformerError, match='Unknown split'):
+    _masked(papers_dir, source='aclsum', split='train[:1%]')

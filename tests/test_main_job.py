@@ -1,0 +1,67 @@
+"""scripts/main.sh end to end with a few steps per stage: pretrain, fine-tune
+from the pretraining checkpoint, ROUGE on test papers, decode speed; then a
+rerun that resumes/skips every stage."""
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# Few steps, one layer each side, short sequences (the LSH chunks of 64
+# divide the inputs, 128, and inputs + targets, 128 + 64; so the decoded
+# length stays TARGET_LEN).
+TINY = ['--config=terraformer.train.steps = 3',
+        '--config=terraformer.train.eval_every = 3',
+        '--config=terraformer.train.eval_batches = 1',
+        '--config=Terraformer.n_encoder_layers = 1',
+        '--config=Terraformer.n_decoder_layers = 1',
+        '--config=INPUT_LEN = 128', '--config=TARGET_LEN = 64',
+        '--config=terraformer.evaluate.max_examples = 2',
+        '--config=terraformer.evaluate.batch_size = 2']
+
+
+def _main_sh(output_dir, *args):
+  env = dict(os.environ, OUTPUT_DIR=str(output_dir),
+             BENCH_ARGS='--tokens=2 --repeats=1')
+  result = subprocess.run(['bash', os.path.join(ROOT, 'scripts', 'main.sh'),
+                           *args], cwd=ROOT, env=env, capture_output=True,
+                          text=True, timeout=1200, check=False)
+  assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+  return result.stdout
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not os.path.exists(os.path.join(ROOT, '.venv', 'bin',
+                                                    'terraformer-train')),
+                    reason='needs the project .venv (scripts/env.sh)')
+def test_main_job_end_to_end(tmp_path):
+  out = _main_sh(tmp_path, *TINY)
+  for n in ('1/4', '2/4', '3/4', '4/4'):
+    assert f'stage {n}' in out
+  pre, fine = tmp_path / 'pretrain', tmp_path / 'finetune'
+  for d in (pre, fine):
+    assert (d / 'model.pkl.gz').is_file() and (d / 'config.gin').is_file()
+  # Pretraining: masked words from the paper bodies, vocab + 100 sentinels.
+  config = (pre / 'config.gin').read_text()
+  assert "train/c4_stream.source = 'aclsum'" in config
+  assert 'MODEL_VOCAB_SIZE = 2148' in config
+  assert 'Terraformer.input_vocab_size = %MODEL_VOCAB_SIZE' in config
+  assert f'Fine-tuning from {pre}' in out
+  # ROUGE on 2 test papers and one generated summary.
+  assert '2 examples of split \'test\', checkpoint step 3' in out
+  assert re.search(r'ROUGE-1 +F1 +\d+\.\d\d', out)
+  assert re.search(r'ROUGE-LSum +F1 +\d+\.\d\d', out)
+  assert 'generated: ' in out and 'reference: ' in out
+  assert (fine / 'eval_test_step3.json').is_file()
+  # Dense vs sparse decode speed.
+  assert re.search(r'bench_dense +\d+\.\d', out)
+  assert re.search(r'bench_sparse +\d+\.\d.* \d+\.\d\dx', out)
+  assert (tmp_path / 'bench.txt').is_file()
+
+  # Rerun: training is done, eval and bench outputs are reused.
+  again = _main_sh(tmp_path, *TINY)
+  assert again.count('Already trained for 3 >= 3 steps.') == 2
+  assert '(up to date:' in again and '(done before:' in again
+  assert re.search(r'ROUGE-1 +F1 +\d+\.\d\d', again)
