@@ -15,6 +15,7 @@ import numpy as np
 
 from terraformer import decode_speed
 from terraformer import errors
+from terraformer import training
 
 # ScalingTransformer keyword -> what the sweep multiplies by d / d_model.
 SWEEP_SCALED = ('d_ff', 'n_heads', 'attention_sparsity')
@@ -32,11 +33,7 @@ def configured_model():
   config; the keyword arguments are its signature's defaults overridden by
   the gin bindings (what `model_fn(mode=...)` will use).
   """
-  try:
-    ref = gin.query_parameter('terraformer.train.model')
-  except ValueError:
-    raise errors.TerraformerError(
-        'no model configured: bind terraformer.train.model') from None
+  ref = training.model_reference()
   if not hasattr(ref, 'scoped_configurable_fn'):
     raise errors.TerraformerError(
         'terraformer.train.model must be a configurable reference '

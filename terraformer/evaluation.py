@@ -37,6 +37,7 @@ import tqdm
 from terraformer import compat
 from terraformer import decoding
 from terraformer import errors
+from terraformer import training
 from terraformer.data import aclsum_papers
 from terraformer.data import vocab as vocab_lib
 
@@ -69,16 +70,6 @@ def checkpoint_path(output_dir):
         f'no checkpoint {CHECKPOINT} in {output_dir}; train one with '
         'terraformer-train --output_dir=...')
   return path
-
-
-def model_from_config():
-  """The model function bound to `terraformer.train.model`."""
-  try:
-    ref = gin.query_parameter('terraformer.train.model')
-  except ValueError:
-    raise errors.TerraformerError(
-        'no model configured: bind terraformer.train.model') from None
-  return getattr(ref, 'scoped_configurable_fn', ref)
 
 
 def _read_checkpoint(path):
@@ -337,7 +328,7 @@ def evaluate(output_dir, model=None, examples_fn=paper_pairs, split='test',
   started = time.time()
   output_dir = os.path.expanduser(output_dir)
   checkpoint_path(output_dir)
-  model_fn = model or model_from_config()
+  model_fn = model or training.model_from_config()
   vocab = text_vocab()
   bound_input, bound_target = training_lengths()
   pairs = _examples(examples_fn, split, max_examples)

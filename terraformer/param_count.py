@@ -12,7 +12,7 @@ import numpy as np
 from trax import layers as tl
 from trax import shapes
 
-from terraformer import errors
+from terraformer import training
 
 ParamCount = collections.namedtuple('ParamCount', ['by_layer', 'total'])
 
@@ -72,17 +72,6 @@ def count_layer_params(model, input_signature):
   return ParamCount(by_layer, sum(by_layer.values()))
 
 
-def _model_from_train_config():
-  """The model function bound to `train.model` in the parsed gin config."""
-  try:
-    ref = gin.query_parameter('terraformer.train.model')
-  except ValueError:
-    raise errors.TerraformerError(
-        'no model configured: bind train.model (or count_parameters.model)'
-    ) from None
-  return getattr(ref, 'scoped_configurable_fn', ref)
-
-
 @gin.configurable(module='terraformer')
 def count_parameters(model=None, input_signature=None, batch_size=1,
                      length=512, mode='eval'):
@@ -100,7 +89,7 @@ def count_parameters(model=None, input_signature=None, batch_size=1,
   Returns:
     ParamCount(by_layer={class name: count}, total=count).
   """
-  model = model or _model_from_train_config()
+  model = model or training.model_from_config()
   layer = model(mode=mode)
   if input_signature is None:
     input_signature = input_signature_for(layer, batch_size, length)

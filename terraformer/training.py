@@ -103,6 +103,21 @@ class _Progress(trax_callbacks.TrainingStepCallback):
       self._done, self._time = step, now
 
 
+def model_reference():
+  """The gin reference bound to `terraformer.train.model` (e.g. @Terraformer)."""
+  try:
+    return gin.query_parameter('terraformer.train.model')
+  except ValueError:
+    raise errors.TerraformerError(
+        'no model configured: bind terraformer.train.model') from None
+
+
+def model_from_config():
+  """The model function bound to `terraformer.train.model`."""
+  ref = model_reference()
+  return getattr(ref, 'scoped_configurable_fn', ref)
+
+
 @gin.configurable(module='terraformer')
 def train(output_dir,
           model=gin.REQUIRED,

@@ -148,10 +148,11 @@ def _decode(flag_values):
   import numpy as np  # pylint: disable=g-import-not-at-top
   from terraformer import decoding  # pylint: disable=g-import-not-at-top
   from terraformer import evaluation  # pylint: disable=g-import-not-at-top
+  from terraformer import training  # pylint: disable=g-import-not-at-top
 
   texts = read_inputs(flag_values)
   common.require_bindings('terraformer.text_vocab', ['vocab_size'])
-  model_fn = evaluation.model_from_config()
+  model_fn = training.model_from_config()
   vocab = evaluation.text_vocab()
   probe = model_fn(mode='predict')
   encoder_decoder = decoding.is_encoder_decoder(probe)

@@ -51,16 +51,6 @@ def _layer_counts(values):
   return counts
 
 
-def _model_fn():
-  import gin  # pylint: disable=g-import-not-at-top
-  try:
-    ref = gin.query_parameter('terraformer.train.model')
-  except ValueError:
-    raise errors.TerraformerError(
-        'no model configured: bind terraformer.train.model') from None
-  return getattr(ref, 'scoped_configurable_fn', ref)
-
-
 def step_memory(model_fn, n_layers, reversible, batch_size, input_len,
                 target_len):
   """Bytes of the compiled gradient step: dict(argument, output, temp, total).
@@ -122,7 +112,8 @@ def format_table(rows):
 def _bench(flag_values):
   counts = _layer_counts(flag_values.layers)
   common.require_bindings('terraformer.train', ['model'])
-  model_fn = _model_fn()
+  from terraformer import training  # pylint: disable=g-import-not-at-top
+  model_fn = training.model_from_config()
   sizes = dict(batch_size=flag_values.batch_size,
                input_len=flag_values.input_len,
                target_len=flag_values.target_len)
