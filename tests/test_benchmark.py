@@ -135,17 +135,11 @@ def test_run_report_is_consistent(tmp_path):
                          prompt_len=3, repeats=2, log=lambda _: None)
   dense, sparse = report['models']
   assert [dense['name'], sparse['name']] == ['dense', 'sparse']
-  assert dense['speedup'] == 1.0
+  assert dense['speedup'] == 1.0  # Speedups are relative to the first model.
   assert sparse['speedup'] == pytest.approx(
       dense['ms_per_token'] / sparse['ms_per_token'])
   for r in report['models']:
     assert r['n_blocks'] == 2
-    assert r['bound_ms_per_token'] == pytest.approx(
-        1e3 * r['bytes_per_token'] / (report['bandwidth_gbps'] * 1e9))
-    assert r['achieved_over_bound'] == pytest.approx(
-        r['ms_per_token'] / r['bound_ms_per_token'])
-    assert r['ms_per_block'] == pytest.approx(
-        (r['ms_per_token'] - r['ms_no_blocks']) / 2)
     assert sum(r['bytes_by_layer'].values()) == pytest.approx(
         r['bytes_per_token'])
   # Sparse layers read fewer bytes per block.

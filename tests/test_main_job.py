@@ -33,9 +33,6 @@ def _main_sh(output_dir, *args):
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(not os.path.exists(os.path.join(ROOT, '.venv', 'bin',
-                                                    'terraformer-train')),
-                    reason='needs the project .venv (scripts/env.sh)')
 def test_main_job_end_to_end(tmp_path):
   out = _main_sh(tmp_path, *TINY)
   for n in ('1/4', '2/4', '3/4', '4/4'):
