@@ -1,7 +1,5 @@
 """Terraformer: contract, reversible == plain gradients, predict == eval."""
 import os
-import resource
-import subprocess
 import sys
 
 import jax
@@ -12,6 +10,8 @@ from trax import shapes
 
 from terraformer import compat
 from terraformer.models import Terraformer
+
+import peak_rss  # tests/peak_rss.py
 
 compat.apply()
 
@@ -148,17 +148,15 @@ def test_trains_on_8k_token_inputs_with_bounded_memory(tmp_path):
   """gin/tiny/terraformer_8k.gin: 3 steps on 8192-token papers, in a child
   process whose peak RSS is bounded (the whole process: Python, TF, data)."""
   exe = os.path.join(os.path.dirname(sys.executable), 'terraformer-train')
-  done = subprocess.run(
+  code, stdout, stderr, peak_kib = peak_rss.run(
       [exe, '--config_file=' + os.path.join(REPO, 'gin', 'tiny',
                                             'terraformer_8k.gin'),
        f'--output_dir={tmp_path / "run"}', '--steps=3',
        '--config=terraformer.train.eval_every=3',
-       '--config=terraformer.train.eval_batches=1'],
-      capture_output=True, text=True, timeout=1800)
-  assert done.returncode == 0, done.stderr[-3000:]
-  assert 'Done: step 3' in done.stdout
-  peak_kib = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
+       '--config=terraformer.train.eval_batches=1'], timeout=1800)
+  assert code == 0, stderr[-3000:]
+  assert 'Done: step 3' in stdout
   assert peak_kib < 6 * 2**20, f'peak RSS {peak_kib / 2**20:.1f} GiB'
   losses = [float(line.split('eval log_perplexity ')[1].split()[0])
-            for line in done.stdout.splitlines() if 'eval log_perplexity' in line]
+            for line in stdout.splitlines() if 'eval log_perplexity' in line]
   assert losses and all(np.isfinite(losses))
