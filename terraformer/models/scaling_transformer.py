@@ -2,9 +2,44 @@
 
 Switches (all 0 = the dense baseline):
   ff_sparsity N          SparseFF, one active unit per block of N (§3.1);
-  attention_sparsity S   Sparse QKV attention with S heads of size d_model/S,
-                         kernel `attention_kernel_size` (§3.2);
+  attention_sparsity S   Sparse QKV attention: a multiplicative layer with S
+                         modules, then convolutions of `attention_kernel_size`
+                         positions (§3.2);
   loss_sparsity S        SparseLogits with S modules (§3.3).
+
+The models compute the same function as Trax 1.4.1's
+`trax.models.research.configurable_transformer.ConfigurableTransformerLM` and
+`ConfigurableTransformer` (which produced the paper's numbers), layer for
+layer and weight for weight, so that `terraformer.trax_import` loads their
+checkpoints. Trax options and ours:
+
+  Trax (ConfigurableTransformer(LM) / gin)     ours
+  ff_sparsity=(N, d_lowrank[, T, quant_prob])  ff_sparsity=N, d_lowrank,
+    (an int N means d_lowrank = d_ff // N)       ff_temperature, ff_quant_prob
+  attention_type=MultiplicativeConvCausalAttention,
+    .sparsity=S, .length_kernel_size=F          attention_sparsity=S,
+                                                 attention_kernel_size=F
+  encoder_attention_type=MultiplicativeConv...  encoder_attention_sparsity
+    (causal attention in the encoder)            (None: = attention_sparsity),
+                                                 sparse_encoder_attention=
+                                                 'causal'
+  encoder_decoder_attention_type=(same)         attention_sparsity
+  enc_dec_attention_sparsity=S                  cross_attention_sparsity (None:
+                                                 = attention_sparsity)
+  loss_sparsity=S, loss_sparsity_type='mult'    loss_sparsity=S
+  dropout, max_len, n_heads, d_ff, ...          same names
+  ff_dropout (default 0.1)                      = dropout
+  pos_type=None (learned, sinusoidal init)      the same, always
+
+Not mapped (no counterpart here): Trax's ff_use_sru, ff_chunk_size (a memory
+option, same function), ff_sparsity_type 'Block'/'Switch', loss_sparsity_type
+other than 'mult', loss_d_lowrank, loss_sparsity_prob, attention_chunk_size,
+pos_type other than None, dropout_shared_axes, ff_activation other than Relu,
+MultiplicativeConvCausalAttention's share_qk / output_layer_type /
+v_concat_type other than their defaults, and tuple enc_dec_attention_sparsity.
+Our alternatives with no Trax counterpart: sparse_encoder_attention=
+'bidirectional' (a padding-masked, bidirectional sparse encoder) and
+attention_module_kernel_size other than 3.
 """
 import gin
 from trax import layers as tl
@@ -13,8 +48,9 @@ from terraformer.layers import SparseFF
 from terraformer.layers import SparseLogits
 from terraformer.layers import SparseQKV
 from terraformer.layers import SparseQKVAttention
-from terraformer.layers import SparseQKVCausalAttention
 from terraformer.layers.prefix_attention import PrefixCausalAttention
+
+ENCODER_ATTENTIONS = ('causal', 'bidirectional')
 
 
 @gin.configurable(module='terraformer')
@@ -22,11 +58,20 @@ def ScalingTransformerLM(vocab_size=32000, d_model=512, d_ff=2048, n_layers=6,
                          n_heads=8, dropout=0.1, max_len=2048, ff_sparsity=0,
                          d_lowrank=64, ff_temperature=0.1, ff_quant_prob=0.3,
                          attention_sparsity=0, attention_kernel_size=3,
-                         loss_sparsity=0, mode='train'):
-  """Decoder-only Scaling Transformer: tokens [batch, len] -> logits."""
+                         attention_module_kernel_size=3, loss_sparsity=0,
+                         mode='train'):
+  """Decoder-only Scaling Transformer: tokens [batch, len] -> logits.
+
+  Trax's `ConfigurableTransformerLM`: ShiftRight, embedding, dropout,
+  positional encoding, n_layers x (attention, feed-forward) pre-norm residual
+  blocks, LayerNorm, Dense (or the sparse loss layer).
+  `attention_module_kernel_size`: width of the Q/K convolutions across
+  modules (Trax: 3; None: `attention_kernel_size`, an F x F kernel).
+  """
   sublayers = _Sublayers(d_model, d_ff, n_heads, dropout, max_len, ff_sparsity,
                          d_lowrank, ff_temperature, ff_quant_prob,
-                         attention_sparsity, attention_kernel_size, mode)
+                         attention_sparsity, attention_kernel_size,
+                         attention_module_kernel_size, mode)
   return tl.Serial(
       tl.ShiftRight(mode=mode),
       _Embedder(vocab_size, d_model, dropout, max_len, mode),
@@ -43,26 +88,68 @@ def ScalingTransformer(input_vocab_size=32000, output_vocab_size=None,
                        max_len=2048, ff_sparsity=0, d_lowrank=64,
                        ff_temperature=0.1, ff_quant_prob=0.3,
                        attention_sparsity=0, attention_kernel_size=3,
-                       loss_sparsity=0, mode='train'):
+                       attention_module_kernel_size=3,
+                       encoder_attention_sparsity=None,
+                       sparse_encoder_attention='causal',
+                       cross_attention_sparsity=None, loss_sparsity=0,
+                       mode='train'):
   """Encoder-decoder Scaling Transformer (the paper's T5-like 800M model).
 
   (input tokens, target tokens) -> (logits, target tokens). In predict mode
   the encoder runs once, on the first call, and is cached; the decoder
-  decodes token by token.
+  decodes token by token. Trax's `ConfigurableTransformer`; without
+  `output_vocab_size` the decoder shares the encoder's embedding matrix.
+
+  Sparse QKV attention (§3.2) per place:
+    decoder self-attention   `attention_sparsity` (Trax's
+                             encoder_decoder_attention_type=
+                             MultiplicativeConvCausalAttention);
+    encoder self-attention   `encoder_attention_sparsity` (None: the same).
+                             `sparse_encoder_attention='causal'` (default) is
+                             what Trax computes with encoder_attention_type=
+                             MultiplicativeConvCausalAttention: causal attention
+                             (it ignores the padding mask; real tokens never
+                             see the padding after them). 'bidirectional' is
+                             our alternative with no Trax counterpart: masked
+                             bidirectional attention over sparse Q, K, V.
+    cross-attention          `cross_attention_sparsity` (None: the same; Trax's
+                             enc_dec_attention_sparsity): sparse queries
+                             (multiplicative layer + 3 x 3 causal convolution)
+                             and no output layer; keys and values stay dense
+                             (computed once per input, cached in predict).
   """
+  if sparse_encoder_attention not in ENCODER_ATTENTIONS:
+    raise ValueError(f'sparse_encoder_attention must be one of '
+                     f'{ENCODER_ATTENTIONS}, got {sparse_encoder_attention!r}')
+  if encoder_attention_sparsity is None:
+    encoder_attention_sparsity = attention_sparsity
+  if cross_attention_sparsity is None:
+    cross_attention_sparsity = attention_sparsity
+  # As Trax: without an output vocabulary, the decoder reuses the encoder's
+  # embedding matrix (stored once).
+  shared_embedding = (tl.Embedding(input_vocab_size, d_model)
+                      if output_vocab_size is None else None)
   output_vocab_size = output_vocab_size or input_vocab_size
   encoder_mode = 'eval' if mode == 'predict' else mode
-  sparsity = (ff_sparsity, d_lowrank, ff_temperature, ff_quant_prob,
-              attention_sparsity, attention_kernel_size)
+  ff = (ff_sparsity, d_lowrank, ff_temperature, ff_quant_prob)
+  attention = (attention_kernel_size, attention_module_kernel_size)
   encoder_sublayers = _Sublayers(d_model, d_ff, n_heads, dropout, max_len,
-                                 *sparsity, encoder_mode)
+                                 *ff, encoder_attention_sparsity, *attention,
+                                 encoder_mode)
   decoder_sublayers = _Sublayers(d_model, d_ff, n_heads, dropout, max_len,
-                                 *sparsity, mode)
+                                 *ff, attention_sparsity, *attention, mode,
+                                 cross_attention_sparsity)
+  encoder_attention = (encoder_sublayers.causal_attention
+                       if encoder_attention_sparsity
+                       and sparse_encoder_attention == 'causal'
+                       else encoder_sublayers.bidirectional_attention)
   encoder = tl.Serial(                           # tok_e
       tl.Branch(
-          _Embedder(input_vocab_size, d_model, dropout, max_len, encoder_mode),
+          _Embedder(input_vocab_size, d_model, dropout, max_len, encoder_mode,
+                    shared_embedding),
           tl.PaddingMask()),                     # vec_e mask_e
-      [_EncoderBlock(encoder_sublayers) for _ in range(n_encoder_layers)],
+      [_EncoderBlock(encoder_sublayers, encoder_attention)
+       for _ in range(n_encoder_layers)],
       tl.LayerNorm(),                            # vec_e mask_e
   )
   return tl.Serial(                              # tok_e tok_d
@@ -70,7 +157,8 @@ def ScalingTransformer(input_vocab_size=32000, output_vocab_size=None,
       _CachedInPredict(encoder, mode),           # vec_e mask_e tok_d tok_d
       tl.Select([2, 1, 0]),                      # tok_d mask_e vec_e tok_d
       tl.ShiftRight(mode=mode),
-      _Embedder(output_vocab_size, d_model, dropout, max_len, mode),
+      _Embedder(output_vocab_size, d_model, dropout, max_len, mode,
+                shared_embedding),
       tl.Branch([], tl.EncoderDecoderMask()),    # vec_d mask_ed vec_e tok_d
       [_EncoderDecoderBlock(decoder_sublayers)
        for _ in range(n_decoder_layers)],
@@ -85,31 +173,48 @@ class _Sublayers:
 
   def __init__(self, d_model, d_ff, n_heads, dropout, max_len, ff_sparsity,
                d_lowrank, ff_temperature, ff_quant_prob, attention_sparsity,
-               attention_kernel_size, mode):
+               attention_kernel_size, attention_module_kernel_size, mode,
+               cross_attention_sparsity=0):
     self.d_model, self.d_ff, self.n_heads = d_model, d_ff, n_heads
     self.dropout, self.max_len, self.mode = dropout, max_len, mode
     self.ff_sparsity, self.d_lowrank = ff_sparsity, d_lowrank
     self.ff_temperature, self.ff_quant_prob = ff_temperature, ff_quant_prob
     self.attention_sparsity = attention_sparsity
     self.kernel_size = attention_kernel_size
+    self.module_kernel_size = attention_module_kernel_size
+    self.cross_attention_sparsity = cross_attention_sparsity
 
   def dropout_layer(self):
     return tl.Dropout(rate=self.dropout, mode=self.mode)
 
   def feed_forward(self):
+    """x -> y; the residual's dropout follows (in SparseFF's place too)."""
     if self.ff_sparsity:
       return SparseFF(self.d_ff, self.ff_sparsity, self.d_lowrank,
-                      self.ff_temperature, self.ff_quant_prob, self.dropout,
-                      self.mode)
-    return tl.Serial(tl.Dense(self.d_ff), tl.Relu(), self.dropout_layer(),
-                     tl.Dense(self.d_model))
+                      self.ff_temperature, self.ff_quant_prob, mode=self.mode)
+    # Trax's _FeedForward: its dropout mask is shared along the length axis.
+    return tl.Serial(tl.Dense(self.d_ff),
+                     tl.Dropout(rate=self.dropout, shared_axes=[-2],
+                                mode=self.mode),
+                     tl.Relu(), tl.Dense(self.d_model))
 
   def causal_attention(self):
     """x -> y."""
     if self.attention_sparsity:
-      return SparseQKVCausalAttention(
-          self.d_model, self.attention_sparsity, self.kernel_size,
-          self.dropout, self.max_len, self.mode)
+      # Trax's MultiplicativeConvCausalAttention: S modules for Q/K/V, split
+      # into n_heads heads for attention (the same when S == n_heads), no
+      # output layer.
+      heads = lambda: tl.SplitIntoHeads(self.n_heads)
+      return tl.Serial(
+          SparseQKV(self.d_model, self.attention_sparsity, self.kernel_size,
+                    3, causal=True, mode=self.mode,
+                    module_kernel_size=self.module_kernel_size),
+          tl.Parallel(heads(), heads(), heads()),
+          PrefixCausalAttention(dropout=self.dropout,
+                                max_inference_length=self.max_len,
+                                mode=self.mode),
+          tl.MergeHeads(self.n_heads),
+      )
     # tl.CausalAttention's layers, with a core that decodes reading only the
     # filled part of its key/value cache.
     return tl.ConfigurableAttention(
@@ -128,24 +233,25 @@ class _Sublayers:
   def cross_attention(self):
     """(x_dec, x_enc, mask) -> (y, mask).
 
-    Keys and values come from the encoder and are computed once per input
-    (cached in predict mode), so they stay dense, as in the paper's decoding
-    cost analysis (§1); sparse attention makes the queries sparse and drops
-    the output layer, like its self-attention.
+    Trax's `AttentionQKV(cache_KV_in_predict=True, q_sparsity=S,
+    result_sparsity='noop')`. Keys and values come from the encoder and are
+    computed once per input (cached in predict mode), so they stay dense, as
+    in the paper's decoding cost analysis (§1); sparse attention makes the
+    queries sparse (a 3 x 3 causal convolution, as Trax) and drops the
+    output layer.
     """
-    if self.attention_sparsity:
-      queries = SparseQKV(self.d_model, self.attention_sparsity,
-                          self.kernel_size, n_outputs=1, causal=True,
-                          mode=self.mode)
-      n_heads, output = self.attention_sparsity, []
+    if self.cross_attention_sparsity:
+      queries = SparseQKV(self.d_model, self.cross_attention_sparsity, 3,
+                          n_outputs=1, causal=True, mode=self.mode,
+                          module_kernel_size=3)
+      output = []
     else:
-      queries, n_heads = tl.Dense(self.d_model), self.n_heads
-      output = tl.Dense(self.d_model)
+      queries, output = tl.Dense(self.d_model), tl.Dense(self.d_model)
     keys_values = _CachedInPredict(
         tl.Branch(tl.Dense(self.d_model), tl.Dense(self.d_model)), self.mode)
     return tl.Serial(
         tl.Parallel(queries, keys_values),       # q k v mask
-        tl.PureAttention(n_heads=n_heads, dropout=self.dropout,
+        tl.PureAttention(n_heads=self.n_heads, dropout=self.dropout,
                          mode=self.mode),        # y mask
         output,
     )
@@ -160,10 +266,16 @@ def _CachedInPredict(layer, mode):
   return tl.Cache(layer) if mode == 'predict' else tl.Serial(layer)
 
 
-def _Embedder(vocab_size, d_model, dropout, max_len, mode):
-  return [tl.Embedding(vocab_size, d_model),
+def _Embedder(vocab_size, d_model, dropout, max_len, mode, embedding=None):
+  """Token embedding (or the shared `embedding` layer), dropout, positions.
+
+  As Trax's `EmbeddingAndPositionalEncodings`: learned positional vectors
+  initialized sinusoidally (`tl.PositionalEncoding`, which applies dropout
+  too), one per embedder (never shared).
+  """
+  return [embedding or tl.Embedding(vocab_size, d_model),
           tl.Dropout(rate=dropout, mode=mode),
-          tl.PositionalEncoding(max_len=max_len, mode=mode)]
+          tl.PositionalEncoding(max_len=max_len, dropout=dropout, mode=mode)]
 
 
 def _Logits(vocab_size, loss_sparsity):
@@ -179,10 +291,11 @@ def _DecoderOnlyBlock(s):
   ]
 
 
-def _EncoderBlock(s):                            # vec_e mask_e
+def _EncoderBlock(s, attention):                 # vec_e mask_e
+  """`attention`: s.causal_attention (x -> y; the mask passes under it) or
+  s.bidirectional_attention ((x, mask) -> (y, mask))."""
   return [
-      tl.Residual(tl.LayerNorm(), s.bidirectional_attention(),
-                  s.dropout_layer()),
+      tl.Residual(tl.LayerNorm(), attention(), s.dropout_layer()),
       tl.Residual(tl.LayerNorm(), s.feed_forward(), s.dropout_layer()),
   ]
 

@@ -1,0 +1,344 @@
+"""Loading Trax 1.4.1 checkpoints of the paper's models into ours.
+
+The paper's models were trained with Trax's research code; its checkpoints
+(`model.pkl.gz` + `model.weights.npy.gz`, written by `training.Loop`) store
+the weights as one flat list, in the order of Trax's layer tree. Trax 1.4.1's
+own restore is broken on this JAX (a tree comparison raises), so the files
+are read directly.
+
+Our models have the same layers in the same order as their Trax counterparts:
+
+  ScalingTransformerLM  <-  trax.models.research.configurable_transformer.
+                            ConfigurableTransformerLM
+  ScalingTransformer    <-  ...configurable_transformer.ConfigurableTransformer
+
+so the import walks OUR model's layer tree (built from our gin config) and,
+for each of our weight-bearing layers, lists the arrays its Trax counterpart
+stores, with their Trax names and shapes (`_LAYER_IMPORTS`, one small entry
+per layer type). That list is the expected layout of the checkpoint: every
+array is checked (count and shape, in order) before anything is built, and
+the first one that does not fit is reported as
+
+  Trax checkpoint does not match the model: Trax weight 7 of 31,
+  Residual[0]/_SparseFFMain/w1: checkpoint (16, 4, 8) vs expected (16, 4, 4)
+
+Trax names are `Residual[i]/<Trax layer>/<weight>`: the i-th residual block
+of the model in order (the attention and feed-forward halves of each layer
+are separate blocks), the Trax layer class (`Dense`, `LayerNorm`,
+`FactoredDense`, `Conv`, `_SparseFFController`, `_SparseFFMain`, ...) and the
+weight's role. Nothing is loaded partially: either every weight maps or a
+`TerraformerError` is raised.
+
+Layout changes (the transforms in `_LAYER_IMPORTS`):
+  SparseFF   Trax w1 [d_model, d_ff/N, N] and w2 [N, d_ff/N, d_model] index
+             unit (block x, element y) as w1[:, x, y] and w2[y, x]; our W1ᵀ
+             and W2 are [d_ff, d_model] with that unit at row x*N + y.
+             Controller m2 [d_lowrank, d_ff/N, N] and bias [d_ff/N, N] are
+             flattened the same way.
+  The other layers store Trax's arrays as they are (FactoredDense = our
+  MultiplicativeDense, LocallyConvDense = our ModuleConv, per output).
+"""
+import gzip
+import os
+import pickle
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from trax import layers as tl
+from trax import shapes
+
+from terraformer import decoding
+from terraformer import finetune
+from terraformer.errors import TerraformerError
+from terraformer.layers import multiplicative_dense
+from terraformer.layers import sparse_ff
+from terraformer.layers import sparse_qkv_attention
+
+_PKL = '.pkl.gz'
+
+# Our model functions and the Trax model each one imports.
+TRAX_COUNTERPARTS = {
+    'ScalingTransformerLM': 'ConfigurableTransformerLM',
+    'ScalingTransformer': 'ConfigurableTransformer',
+    'Terraformer': 'ConfigurableTerraformer',
+}
+
+
+class _Import:
+  """One of our layers' weights, made from consecutive Trax arrays.
+
+  `trax` lists (name, shape) of the Trax arrays, in checkpoint order;
+  `build(arrays)` returns our layer's weights (a tuple or one array).
+  """
+
+  def __init__(self, trax, build):
+    self.trax = trax
+    self.build = build
+
+
+def _shape(sig):
+  return tuple(sig.shape)
+
+
+# --- One entry per layer type: Trax arrays -> our weights ------------------
+
+def _same(trax_layer, roles):
+  """Our weights are Trax's, one to one (tuple, or a single array)."""
+  def imports(layer, sig):
+    del layer
+    leaves = sig if isinstance(sig, (tuple, list)) else (sig,)
+    if len(leaves) != len(roles):
+      raise TerraformerError(f'{trax_layer}: {len(leaves)} weight arrays, '
+                             f'Trax has {len(roles)}')
+    trax = [(f'{trax_layer}/{r}', _shape(s)) for r, s in zip(roles, leaves)]
+    if isinstance(sig, (tuple, list)):
+      return _Import(trax, tuple)
+    return _Import(trax, lambda arrays: arrays[0])
+  return imports
+
+
+def _sparse_ff(layer, sig):
+  """Trax's SparseFF: controller (m1, m2, mb), then main (w1, w2, b2).
+
+  Ours is (C1, C2, c, W1ᵀ, W2, b2); unit (block x, element y) is our row
+  x*N + y and Trax's w1[:, x, y], w2[y, x] (`SparseFF`'s docstring).
+  """
+  n = layer._n_block  # pylint: disable=protected-access
+  if len(sig) != 6 or _shape(sig[2]) != (_shape(sig[1])[1],):
+    raise TerraformerError(
+        f'our SparseFF weights {[_shape(s) for s in sig]} are not '
+        '(C1, C2, controller bias, W1ᵀ, W2, b2): cannot import Trax weights')
+  d_model, d_lowrank = _shape(sig[0])
+  d_ff = _shape(sig[1])[1]
+  blocks = d_ff // n
+  trax = [
+      ('_SparseFFController/m1', (d_model, d_lowrank)),
+      ('_SparseFFController/m2', (d_lowrank, blocks, n)),
+      ('_SparseFFController/bias', (blocks, n)),
+      ('_SparseFFMain/w1', (d_model, blocks, n)),
+      ('_SparseFFMain/w2', (n, blocks, d_model)),
+      ('_SparseFFMain/b2', (d_model,)),
+  ]
+
+  def build(arrays):
+    m1, m2, mb, w1, w2, b2 = arrays
+    return (m1, m2.reshape(d_lowrank, d_ff), mb.reshape(d_ff),
+            w1.reshape(d_model, d_ff).T,
+            np.transpose(w2, (1, 0, 2)).reshape(d_ff, d_model), b2)
+  return _Import(trax, build)
+
+
+def _multiplicative_dense(layer, sig):
+  """Trax's FactoredDense: gating [S, d], projection [d, M], bias [S*M]."""
+  del layer
+  roles = ('gating', 'projection', 'bias')[:len(sig)]
+  return _same('FactoredDense', roles)(None, sig)
+
+
+def _module_conv(layer, sig):
+  """Trax's LocallyConvDense per output: tl.Conv kernel [F, F', M, M], bias."""
+  del layer
+  roles = []
+  for i in range(len(sig) // 2):
+    roles += [f'Conv[{i}].kernel', f'Conv[{i}].bias']
+  return _same('LocallyConvDense', roles)(None, sig)
+
+
+_LAYER_IMPORTS = (
+    # (our layer class, its import); checked in order with isinstance.
+    (sparse_ff.SparseFF, _sparse_ff),
+    (multiplicative_dense.MultiplicativeDense, _multiplicative_dense),
+    (sparse_qkv_attention.ModuleConv, _module_conv),
+    (tl.Embedding, _same('Embedding', ('embedding',))),
+    (tl.PositionalEncoding, _same('PositionalEncoding', ('positions',))),
+    (tl.LayerNorm, _same('LayerNorm', ('scale', 'bias'))),
+    (tl.Dense, _same('Dense', ('kernel', 'bias'))),
+)
+
+
+def _layer_import(layer):
+  # By class name along the MRO: Trax's `assert_shape` decorator wraps some
+  # layer classes (e.g. tl.PositionalEncoding) in new classes.
+  names = {cls.__name__ for cls in type(layer).__mro__}
+  for cls, imports in _LAYER_IMPORTS:
+    if isinstance(layer, cls) or cls.__name__ in names:
+      return imports
+  return None
+
+
+def _has_arrays(sig):
+  return bool(jax.tree_util.tree_leaves(sig))
+
+
+def _is_residual(layer):
+  """tl.Residual's layer: Serial(Branch(shortcut, layers), Add)."""
+  subs = layer.sublayers
+  return (isinstance(layer, tl.Serial) and len(subs) == 2
+          and subs[0].name == 'Branch' and subs[1].name == 'Add')
+
+
+class _Plan:
+  """The Trax layout expected for our model, and how to fill its weights."""
+
+  def __init__(self, model, weights_sig):
+    self.entries = []  # (our path, _Import, Trax names with prefix)
+    self._residuals = 0
+    self._seen = set()
+    self._walk(model, weights_sig, model.name, '')
+
+  @property
+  def trax_layout(self):
+    return [(name, shape) for _, imp, names in self.entries
+            for name, (_, shape) in zip(names, imp.trax)]
+
+  def _walk(self, layer, sig, path, trax_prefix):
+    if id(layer) in self._seen:  # A shared layer: Trax stores it once too.
+      return
+    self._seen.add(id(layer))
+    imports = _layer_import(layer)
+    if imports is not None and _has_arrays(sig):
+      imp = imports(layer, sig)
+      self.entries.append(
+          (path, imp, [trax_prefix + name for name, _ in imp.trax]))
+      return
+    if _is_residual(layer):
+      trax_prefix = f'{trax_prefix}Residual[{self._residuals}]/'
+      self._residuals += 1
+    subs = layer.sublayers
+    if subs and isinstance(sig, (tuple, list)) and len(sig) == len(subs):
+      for i, (sub, sub_sig) in enumerate(zip(subs, sig)):
+        self._walk(sub, sub_sig, f'{path}[{i}]/{sub.name}', trax_prefix)
+      return
+    if _has_arrays(sig):
+      raise TerraformerError(
+          f'cannot import Trax weights into {path}: layer {layer.name} has '
+          'no Trax counterpart')
+
+  def fill(self, model, weights_sig, built):
+    """Our weights tree, with each converted layer's weights from `built`."""
+    built = iter(built)
+    seen = set()
+
+    def walk(layer, sig):
+      if id(layer) in seen:
+        return sig
+      seen.add(id(layer))
+      if _layer_import(layer) is not None and _has_arrays(sig):
+        return next(built)
+      subs = layer.sublayers
+      if subs and isinstance(sig, (tuple, list)) and len(sig) == len(subs):
+        return tuple(walk(s, w) for s, w in zip(subs, sig))
+      return sig
+    return walk(model, weights_sig)
+
+
+def read_trax_checkpoint(path):
+  """(flat weight arrays, step) of a Trax 1.4.1 Loop checkpoint."""
+  flat = finetune.load_flat_weights(path)
+  try:
+    step = _unpickle(finetune.checkpoint_file(path)).get('step')
+  except Exception:  # pylint: disable=broad-except
+    step = None
+  return flat, step
+
+
+def _unpickle(pkl):
+  with gzip.open(pkl, 'rb') as f:
+    return pickle.load(f)
+
+
+def _input_signature(model, length=16):
+  token = shapes.ShapeDtype((1, length), np.int32)
+  return (token, token) if decoding.is_encoder_decoder(model) else token
+
+
+def import_weights(model, flat, source='Trax checkpoint', signature=None):
+  """Our model's weights tree made from Trax's flat weight list.
+
+  Args:
+    model: our model (e.g. `ScalingTransformerLM(mode='eval')`), built from
+      the config matching the Trax model's hyperparameters; not initialized.
+    flat: the checkpoint's flat list of arrays (`read_trax_checkpoint`).
+    source: what to call the checkpoint in errors.
+    signature: input signature for our model's shapes (a default if None).
+
+  Returns:
+    The weights tree of `model` (numpy arrays, our dtypes).
+
+  Raises:
+    TerraformerError naming the first Trax weight that does not fit.
+  """
+  signature = signature or _input_signature(model)
+  weights_sig = decoding.weights_signature(model, signature)
+  plan = _Plan(model, weights_sig)
+  layout = plan.trax_layout
+  for i, (name, shape) in enumerate(layout):
+    if i >= len(flat):
+      raise TerraformerError(
+          f'{source} does not match the model: Trax weight {i} of '
+          f'{len(layout)}, {name} {shape}: missing (the checkpoint has '
+          f'{len(flat)} weight arrays, the model needs {len(layout)})')
+    if tuple(np.shape(flat[i])) != tuple(shape):
+      raise TerraformerError(
+          f'{source} does not match the model: Trax weight {i} of '
+          f'{len(layout)}, {name}: checkpoint {tuple(np.shape(flat[i]))} vs '
+          f'expected {tuple(shape)}')
+  if len(flat) > len(layout):
+    raise TerraformerError(
+        f'{source} does not match the model: it has {len(flat)} weight '
+        f'arrays, the model needs {len(layout)}; the first extra one has '
+        f'shape {tuple(np.shape(flat[len(layout)]))}')
+  arrays = iter(flat)
+  built = []
+  for _, imp, _ in plan.entries:
+    chunk = [np.asarray(next(arrays)) for _ in imp.trax]
+    built.append(imp.build([_from_bits(a) for a in chunk]))
+  weights = plan.fill(model, weights_sig, built)
+  return jax.tree_util.tree_map(
+      lambda w, s: np.asarray(w).astype(s.dtype), weights, weights_sig)
+
+
+def _from_bits(array):
+  if array.dtype == np.uint16:  # Trax saves bfloat16 bit-cast to uint16.
+    return np.asarray(array.view(jnp.bfloat16))
+  return array
+
+
+def load_trax_into(model, path, signature=None):
+  """`model` (our, uninitialized) with the weights of Trax checkpoint `path`.
+
+  Returns (weights tree, step of the checkpoint).
+  """
+  flat, step = read_trax_checkpoint(path)
+  source = f'Trax checkpoint {finetune.checkpoint_file(path)}'
+  return import_weights(model, flat, source, signature), step
+
+
+def flat_arrays(weights):
+  """The flat weight list of a weights tree, in checkpoint order."""
+  return [np.asarray(w) for w in tl.flatten_weights_and_state(weights, ())[0]]
+
+
+def write_checkpoint(weights, output_dir, step=0, source=None):
+  """Writes `weights` as a Loop checkpoint (`model.pkl.gz` + weights file).
+
+  terraformer-decode / -eval (`evaluation.load_model`) and
+  `train(init_checkpoint=...)` read it. Files are written under temporary
+  names and renamed, so a crash leaves no half checkpoint.
+  """
+  os.makedirs(output_dir, exist_ok=True)
+  flat = [np.asarray(jax.lax.bitcast_convert_type(w, np.uint16))
+          if w.dtype == jnp.bfloat16 else w for w in flat_arrays(weights)]
+  base = os.path.join(output_dir, 'model')
+  compresslevel = 2
+  tl.np_to_file(flat, base + '.weights.npy.gz._tmp_',
+                compresslevel=compresslevel)
+  record = {'step': step, 'flat_weights': compresslevel, 'flat_state': (),
+            'flat_eval_state': (), 'slots_per_task': compresslevel,
+            'imported_from': source, 'version_timestamp': 'Mar-10-2021'}
+  with gzip.open(base + _PKL + '._tmp_', 'wb') as f:
+    pickle.dump(record, f)
+  os.replace(base + '.weights.npy.gz._tmp_', base + '.weights.npy.gz')
+  os.replace(base + _PKL + '._tmp_', base + _PKL)
+  return base + _PKL

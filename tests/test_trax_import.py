@@ -1,0 +1,145 @@
+"""Importing Trax 1.4.1 checkpoints: Trax's models are the oracle.
+
+Each test builds a Trax model with random weights, saves it with Trax's
+checkpoint writer, imports it into our model of the matching config and
+compares eval logits (within 1e-4) and greedy decodes (identical) with Trax.
+"""
+import numpy as np
+import pytest
+
+from terraformer import decoding
+from terraformer import evaluation
+from terraformer import trax_import
+from terraformer.errors import TerraformerError
+from terraformer.models import ScalingTransformer
+from terraformer.models import ScalingTransformerLM
+
+import trax_checkpoints as tc
+
+VOCAB = 20
+LENGTH = 8
+BATCH = 2
+LM = dict(d_model=16, d_ff=32, n_heads=4, max_len=32, dropout=0.0)
+LM_VARIANTS = {
+    # name: (Trax kwargs, our kwargs)
+    'dense': ({}, {}),
+    'sparse_ff_qkv_loss': (
+        dict(ff_sparsity=(4, 4), attention_sparsity=4, loss_sparsity=4),
+        dict(ff_sparsity=4, d_lowrank=4, attention_sparsity=4,
+             attention_kernel_size=3, loss_sparsity=4)),
+}
+
+
+def _tokens(shape, seed):
+  return np.random.RandomState(seed).randint(
+      1, VOCAB, size=shape).astype(np.int32)
+
+
+def _trax_lm_checkpoint(tmp_path, variant, n_layers=2, seed=0):
+  trax_kwargs, _ = LM_VARIANTS[variant]
+  signature = tc.int_signature((BATCH, LENGTH))
+  model = tc.trax_lm('eval', vocab_size=VOCAB, n_layers=n_layers, **LM,
+                     **trax_kwargs)
+  weights = tc.random_weights(model, signature, seed=seed)
+  path = tc.save_with_trax(model, str(tmp_path / 'trax'), (signature,))
+  return model, weights, path
+
+
+def _our_lm(variant, mode, n_layers=2):
+  _, ours = LM_VARIANTS[variant]
+  return ScalingTransformerLM(vocab_size=VOCAB, n_layers=n_layers, mode=mode,
+                              **LM, **ours)
+
+
+@pytest.mark.parametrize('variant', sorted(LM_VARIANTS))
+def test_lm_import_matches_trax(variant, tmp_path):
+  trax_model, _, path = _trax_lm_checkpoint(tmp_path, variant)
+  weights, step = trax_import.load_trax_into(_our_lm(variant, 'eval'), path)
+  assert step == 7
+
+  tokens = _tokens((BATCH, LENGTH), seed=1)
+  ours = tc.with_weights(_our_lm(variant, 'eval'), weights,
+                         tc.int_signature((BATCH, LENGTH)))
+  want = np.asarray(trax_model(tokens))
+  got = np.asarray(ours(tokens))
+  assert got.shape == want.shape
+  max_diff = float(np.max(np.abs(got - want)))
+  print(f'{variant}: max |dlogit| {max_diff:.2e}')
+  assert max_diff < 1e-4
+
+  want_tokens = tc.trax_greedy_lm(trax_model, BATCH, LENGTH)
+  predict = evaluation.with_weights(_our_lm(variant, 'predict'), weights,
+                                    tc.int_signature((BATCH, 1)))
+  got_tokens = decoding.decode(predict, max_length=LENGTH, batch_size=BATCH,
+                               eos_id=None)
+  np.testing.assert_array_equal(np.asarray(got_tokens), want_tokens)
+
+
+def test_mismatched_checkpoint_names_the_first_weight(tmp_path):
+  _, _, path = _trax_lm_checkpoint(tmp_path, 'dense')
+  wider = ScalingTransformerLM(vocab_size=VOCAB, n_layers=2, mode='eval',
+                               **dict(LM, d_ff=48))
+  with pytest.raises(TerraformerError) as error:
+    trax_import.load_trax_into(wider, path)
+  message = str(error.value)
+  assert '\n' not in message
+  # Embedding, positions, then block 0: LayerNorm (2), Dense q/k/v/o (8),
+  # then block 1 (the FF half): LayerNorm (2), the first Dense kernel.
+  assert 'Trax weight 14 of' in message
+  assert 'Residual[1]/Dense/kernel' in message
+  assert 'checkpoint (16, 32) vs expected (16, 48)' in message
+
+
+def test_fewer_layers_in_the_checkpoint_is_an_error(tmp_path):
+  _, _, path = _trax_lm_checkpoint(tmp_path, 'dense', n_layers=1)
+  with pytest.raises(TerraformerError, match='does not match the model'):
+    trax_import.load_trax_into(_our_lm('dense', 'eval', n_layers=2), path)
+
+
+ENCDEC = dict(d_model=16, d_ff=32, n_heads=4, max_len=32, dropout=0.0,
+              n_encoder_layers=2, n_decoder_layers=2)
+ENCDEC_VARIANTS = {
+    'dense': ({}, {}),
+    # Sparse QKV in the encoder (causal, as Trax), the decoder and the
+    # cross-attention queries, with sparse FF and loss.
+    'sparse_ff_qkv_loss': (
+        dict(ff_sparsity=(4, 4), attention_sparsity=4, loss_sparsity=4),
+        dict(ff_sparsity=4, d_lowrank=4, attention_sparsity=4,
+             attention_kernel_size=3, loss_sparsity=4)),
+}
+
+
+def _our_encdec(variant, mode):
+  _, ours = ENCDEC_VARIANTS[variant]
+  return ScalingTransformer(input_vocab_size=VOCAB, mode=mode, **ENCDEC,
+                            **ours)
+
+
+@pytest.mark.parametrize('variant', sorted(ENCDEC_VARIANTS))
+def test_encoder_decoder_import_matches_trax(variant, tmp_path):
+  trax_kwargs, _ = ENCDEC_VARIANTS[variant]
+  signature = tc.int_signature((BATCH, LENGTH), (BATCH, LENGTH))
+  trax_model = tc.trax_encdec('eval', input_vocab_size=VOCAB, **ENCDEC,
+                              **trax_kwargs)
+  tc.random_weights(trax_model, signature, seed=3)
+  path = tc.save_with_trax(trax_model, str(tmp_path / 'trax'), signature)
+  weights, _ = trax_import.load_trax_into(_our_encdec(variant, 'eval'), path)
+
+  inputs = _tokens((BATCH, LENGTH), seed=4)
+  inputs[0, 5:] = 0  # Padding.
+  targets = _tokens((BATCH, LENGTH), seed=5)
+  ours = tc.with_weights(_our_encdec(variant, 'eval'), weights, signature)
+  want = np.asarray(trax_model((inputs, targets))[0])
+  got = np.asarray(ours((inputs, targets))[0])
+  max_diff = float(np.max(np.abs(got - want)))
+  print(f'encoder-decoder {variant}: max |dlogit| {max_diff:.2e}')
+  assert max_diff < 1e-4
+
+  want_tokens = tc.trax_greedy_encdec(trax_model, inputs, LENGTH)
+  predict = evaluation.with_weights(
+      _our_encdec(variant, 'predict'), weights,
+      tc.int_signature((BATCH, LENGTH), (BATCH, 1)))
+  got_tokens = decoding.decode(predict, [list(inputs[0, :5]), list(inputs[1])],
+                               max_length=LENGTH, input_length=LENGTH,
+                               eos_id=None)
+  np.testing.assert_array_equal(np.asarray(got_tokens), want_tokens)
