@@ -12,3 +12,9 @@ from terraformer.layers.lsh_attention import LSHCore
 from terraformer.layers.lsh_attention import SelfAttention
 from terraformer.layers.reversible import HalfResidual
 from terraformer.layers.reversible import ReversibleSerial
+from terraformer.layers.successive_halving_topk import LinearScorer
+from terraformer.layers.successive_halving_topk import RepresentationPooling
+from terraformer.layers.successive_halving_topk import SuccessiveHalvingTopK
+from terraformer.layers.blockwise_attention import BlockwiseAttentionCore
+from terraformer.layers.blockwise_attention import BlockwiseSelfAttention
+from terraformer.layers.composite_slice_attention import CompositeSliceAttention

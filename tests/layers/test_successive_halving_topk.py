@@ -1,0 +1,160 @@
+"""Successive Halving Top-k (Pietruszka et al. §4, Algorithm 1, App. B)."""
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from trax import shapes
+
+from terraformer.errors import TerraformerError
+from terraformer.layers.successive_halving_topk import RepresentationPooling
+from terraformer.layers import successive_halving_topk as sh
+
+# Jitted: one compiled program per shape instead of op-by-op dispatch.
+successive_halving_topk = jax.jit(
+    sh.successive_halving_topk,
+    static_argnames=('k', 'peaked', 'base', 'sort', 'keep_order'))
+
+
+def _nccs(true, approx):
+  """App. B.5: (1/k) Σ_i max_j cos(y_i, ŷ_j), averaged over the batch."""
+  true = true / np.linalg.norm(true, axis=-1, keepdims=True)
+  approx = approx / np.linalg.norm(approx, axis=-1, keepdims=True)
+  return np.mean(np.max(np.einsum('bid,bjd->bij', true, approx), axis=-1))
+
+
+def _exact_topk(vectors, scores, k):
+  """numpy: the k highest-scoring vectors, in their original order."""
+  index = np.sort(np.argsort(-scores, axis=1)[:, :k], axis=1)
+  return np.take_along_axis(vectors, index[..., None], axis=1), index
+
+
+def _random_inputs(batch=4, n=256, d=32, seed=0):
+  rng = np.random.RandomState(seed)
+  # App. B.5: E_ij ~ U[-1, 1], v_i ~ U[0, 1].
+  return (rng.uniform(-1, 1, (batch, n, d)).astype(np.float32),
+          rng.uniform(0, 1, (batch, n)).astype(np.float32))
+
+
+def test_close_to_exact_topk_and_sorting_helps():
+  vectors, scores = _random_inputs()
+  k = 16
+  true, _ = _exact_topk(vectors, scores, k)
+  similarity = {}
+  for sort in (True, False):
+    pooled = successive_halving_topk(vectors, scores, k=k, peaked=True,
+                                     sort=sort)[0]
+    similarity[sort] = _nccs(true, np.asarray(pooled))
+  # Paper App. B.5 / Fig. 6: close to the real top-k with sorting; sorting
+  # removes a large part of the error (45% on average in the paper).
+  assert similarity[True] > 0.9
+  assert 1 - similarity[True] < 0.6 * (1 - similarity[False])
+  # Random k vectors for scale: nCCS well below the operator's.
+  random_k = vectors[:, :k]
+  assert _nccs(true, random_k) < similarity[True] - 0.2
+
+
+@pytest.mark.parametrize('peaked', [True, False])
+def test_separated_scores_select_exactly_the_topk_in_order(peaked):
+  vectors, _ = _random_inputs(batch=3, n=32, d=8, seed=1)
+  rng = np.random.RandomState(2)
+  ranks = np.stack([rng.permutation(32) for _ in range(3)]).astype(np.float32)
+  # Gaps so large that each pair weight is 0 or 1: the hard top-k.
+  scores = ranks / 31.0 if peaked else ranks * 50.0
+  base = 1e6 if peaked else 20.0
+  pooled, _, mask, positions = successive_halving_topk(
+      vectors, scores, k=4, peaked=peaked, base=base)
+  true, index = _exact_topk(vectors, scores, 4)
+  np.testing.assert_array_equal(np.asarray(positions), index)
+  np.testing.assert_allclose(np.asarray(pooled), true, atol=1e-5)
+  assert np.all(np.asarray(mask))
+
+
+def test_one_round_pairs_best_with_worst():
+  # n = 4, k = 2: sorted (s0 > s1 > s2 > s3) pairs (0, 3) and (1, 2), eq. 5-6.
+  vectors = np.arange(4 * 2, dtype=np.float32).reshape(1, 4, 2)
+  scores = np.array([[0.1, 0.9, 0.4, 0.6]], np.float32)
+  pooled, pooled_scores, _, positions = successive_halving_topk(
+      vectors, scores, 2, peaked=False)
+  w_best = 1 / (1 + np.exp(0.1 - 0.9))            # (0.9 vs 0.1)
+  w_second = 1 / (1 + np.exp(0.4 - 0.6))          # (0.6 vs 0.4)
+  best = w_best * vectors[0, 1] + (1 - w_best) * vectors[0, 0]
+  second = w_second * vectors[0, 3] + (1 - w_second) * vectors[0, 2]
+  # Winners at original positions 1 and 3: kept in that order.
+  np.testing.assert_array_equal(np.asarray(positions), [[1, 3]])
+  np.testing.assert_allclose(np.asarray(pooled)[0], [best, second],
+                             rtol=1e-5)
+  np.testing.assert_allclose(
+      np.asarray(pooled_scores)[0],
+      [w_best * 0.9 + (1 - w_best) * 0.1, w_second * 0.6 + (1 - w_second)
+       * 0.4], rtol=1e-5)
+
+
+@pytest.mark.parametrize('sort', [True, False])
+def test_padding_never_selected(sort):
+  vectors, scores = _random_inputs(batch=2, n=16, d=4, seed=3)
+  mask = np.ones((2, 16), bool)
+  mask[0, 5:] = False          # 5 real elements (> k): padding must vanish
+  mask[1, 2:] = False          # 2 real elements (< k)
+  vectors[~mask] = 1000.0      # padding would show up as huge values
+  scores[~mask] = 1.0          # and would win on its scores
+  pooled, _, pooled_mask, positions = successive_halving_topk(
+      vectors, scores, k=4, mask=mask, sort=sort)
+  pooled, pooled_mask = np.asarray(pooled), np.asarray(pooled_mask)
+  positions = np.asarray(positions)
+  np.testing.assert_array_equal(pooled_mask.sum(axis=1), [4, 2])
+  assert np.all(np.abs(pooled[pooled_mask]) <= 1.0)
+  assert np.all(mask[np.arange(2)[:, None], positions][pooled_mask])
+  assert np.all(np.diff(positions, axis=1) > 0)   # original order
+
+
+def test_gradients_reach_the_scorer():
+  vectors, _ = _random_inputs(batch=2, n=16, d=8, seed=4)
+  mask = np.ones((2, 16), bool)
+  layer = RepresentationPooling(4)
+  layer.init((shapes.signature(vectors), shapes.signature(mask)),
+             rng=jax.random.PRNGKey(0))
+  target = np.random.RandomState(5).randn(2, 4, 8).astype(np.float32)
+
+  def loss(weights):
+    (pooled, _), _ = layer.pure_fn((vectors, mask), weights, layer.state,
+                                   jax.random.PRNGKey(0))
+    return jnp.sum((pooled - target) ** 2)
+
+  grads = jax.jit(jax.grad(loss))(layer.weights)
+  scorer_w, scorer_b = jax.tree_util.tree_leaves(grads)
+  assert np.linalg.norm(np.asarray(scorer_w)) > 1e-6
+  assert abs(float(scorer_b)) > 1e-8
+
+  # Hard top-k (App. B.1 eq. 4): no gradient w.r.t. the scores.
+  def hard_loss(scores):
+    _, index = jax.lax.top_k(scores, 4)
+    pooled = jnp.take_along_axis(vectors, index[..., None], axis=1)
+    return jnp.sum((pooled - target) ** 2)
+  assert not np.any(np.asarray(jax.jit(jax.grad(hard_loss))(
+      jnp.asarray(np.random.RandomState(6).rand(2, 16), jnp.float32))))
+
+
+def test_layer_shapes_and_identity_when_k_equals_n():
+  vectors, _ = _random_inputs(batch=2, n=16, d=8, seed=6)
+  mask = np.ones((2, 16), bool)
+  mask[1, 10:] = False
+  layer = RepresentationPooling(4)
+  layer.init((shapes.signature(vectors), shapes.signature(mask)))
+  pooled, pooled_mask = layer((vectors, mask))
+  assert pooled.shape == (2, 4, 8) and pooled_mask.shape == (2, 4)
+  same = RepresentationPooling(16)
+  same.init((shapes.signature(vectors), shapes.signature(mask)))
+  out, out_mask = same((vectors, mask))
+  np.testing.assert_array_equal(np.asarray(out), vectors)
+  np.testing.assert_array_equal(np.asarray(out_mask), mask)
+
+
+@pytest.mark.parametrize('n,k', [(12, 4), (10, 4), (16, 3), (4, 8)])
+def test_ratio_not_a_power_of_two_is_an_error(n, k):
+  vectors = np.zeros((1, n, 2), np.float32)
+  with pytest.raises(TerraformerError, match='power of 2'):
+    successive_halving_topk(vectors, np.zeros((1, n), np.float32), k=k)
+  layer = RepresentationPooling(k)
+  with pytest.raises(Exception, match='power of 2'):
+    layer.init((shapes.signature(vectors),
+                shapes.ShapeDtype((1, n), bool)))
