@@ -224,12 +224,12 @@ def _leaf_layer_bytes(layer, weights, state, position, n_tokens):
   less say so here; the code they describe is their predict-mode forward.
   """
   if isinstance(layer, SparseFF):
-    # Controller (C1, C2), b2; one row of W1ᵀ and W2 and one b1 entry per
-    # block per token (SparseFF._forward_selected_rows).
-    c1, c2, w1t, b1, w2, b2 = weights
+    # Controller (C1, C2, c), b2; one row of W1ᵀ and W2 per block per token
+    # (SparseFF._forward_selected_rows).
+    c1, c2, c, w1t, w2, b2 = weights
     rows = n_tokens * layer.n_blocks
-    return (_nbytes((c1, c2, b2)) + _row_bytes(w1t, rows)
-            + _row_bytes(w2, rows) + rows * b1.dtype.itemsize)
+    return (_nbytes((c1, c2, c, b2)) + _row_bytes(w1t, rows)
+            + _row_bytes(w2, rows))
   if isinstance(layer, trax_core.Dropout) and layer._mode != 'train':  # pylint: disable=protected-access
     return 0  # Its state (the rate) is only read in train mode.
   if isinstance(layer, trax_core.Embedding):

@@ -1,15 +1,18 @@
 """Low-rank simple recurrent unit added to the feed-forward block (§4.3).
 
-SRU (Lei et al. 2017, "Simple Recurrent Units for Highly Parallelizable
-Recurrence"), for inputs x_t of width n:
+SRU (Lei et al., "Simple Recurrent Units for Highly Parallelizable
+Recurrence", 2018), for inputs x_t of width n, as Trax 1.4.1's
+`trax.layers.rnn.SRU` computes it:
 
-  x̃_t = W x_t
-  f_t = σ(W_f x_t + b_f)
-  r_t = σ(W_r x_t + b_r)
+  [r̃_t | f̃_t | x̃_t] = x_t W + b          (W [n, 3n], b [3n]: one Dense)
+  r_t = σ(r̃_t),  f_t = σ(f̃_t)
   c_t = f_t ⊙ c_{t-1} + (1 - f_t) ⊙ x̃_t
-  h_t = r_t ⊙ g(c_t) + (1 - r_t) ⊙ x_t
+  h_t = r_t ⊙ g(c_t) + (1 - r_t) ⊙ x_t · α,   α = √3 (`highway_scale`)
 
-The only sequential part, c_t, is a linear recurrence c_t = a_t c_{t-1} + b_t;
+α = √3 is the SRU paper's scaling correction of the highway term (and
+Trax's); `highway_scale=1.0` gives the uncorrected SRU.
+
+The only sequential part, c_t, is a linear recurrence c_t = a_t c_{t-1} + u_t;
 it is computed with a parallel prefix scan (`jax.lax.associative_scan`) over
 the length, so training is parallel over positions. In predict mode the layer
 keeps c of the last position as its state and continues from it.
@@ -31,11 +34,13 @@ ACTIVATIONS = {None: lambda c: c, 'tanh': jnp.tanh}
 class SRU(tl.Layer):
   """Simple recurrent unit, [batch, length, n] -> [batch, length, n].
 
-  Weights: W_all = [W | W_f | W_r] of shape [n, 3n] and b = [b_f | b_r] of
-  shape [2n]. Args: activation g (None: identity, or 'tanh'); mode.
+  Weights (W [n, 3n], b [3n]), outputs split in the order r, f, x̃: Trax's
+  `tl.SRU(n)` Dense(3n) kernel and bias, mapping one to one. Args:
+  activation g (None: identity, as Trax's default, or 'tanh');
+  highway_scale α; mode.
   """
 
-  def __init__(self, activation=None, mode='train',
+  def __init__(self, activation=None, mode='train', highway_scale=3 ** 0.5,
                kernel_initializer=init.GlorotUniformInitializer(),
                bias_initializer=init.RandomNormalInitializer(1e-6)):
     super().__init__(name='SRU')
@@ -44,15 +49,15 @@ class SRU(tl.Layer):
                        f', got {activation!r}')
     self._activation = activation
     self._mode = mode
+    self._highway_scale = highway_scale
     self._kernel_initializer = kernel_initializer
     self._bias_initializer = bias_initializer
 
   def forward(self, x):
     w, b = self.weights
-    n = x.shape[-1]
-    x_tilde, f, r = jnp.split(jnp.dot(x, w), 3, axis=-1)
-    f = jax.nn.sigmoid(f + b[:n])
-    r = jax.nn.sigmoid(r + b[n:])
+    r, f, x_tilde = jnp.split(jnp.dot(x, w) + b, 3, axis=-1)
+    r = jax.nn.sigmoid(r)
+    f = jax.nn.sigmoid(f)
     a, u = f, (1.0 - f) * x_tilde                # c_t = a_t c_{t-1} + u_t
     # Prefix scan: (a, u) composed left to right gives c_t = A_t c_0 + U_t.
     a_cum, u_cum = jax.lax.associative_scan(_compose, (a, u), axis=1)
@@ -61,13 +66,14 @@ class SRU(tl.Layer):
       self.state = c[:, -1]
     else:
       c = u_cum
-    return r * ACTIVATIONS[self._activation](c) + (1.0 - r) * x
+    return (r * ACTIVATIONS[self._activation](c)
+            + (1.0 - r) * x * self._highway_scale)
 
   def init_weights_and_state(self, input_signature):
     n = input_signature.shape[-1]
     rng_w, rng_b = fastmath.random.split(self.rng)
     self.weights = (self._kernel_initializer((n, 3 * n), rng_w),
-                    self._bias_initializer((2 * n,), rng_b))
+                    self._bias_initializer((3 * n,), rng_b))
     if self._mode == 'predict':
       self.state = jnp.zeros((input_signature.shape[0], n),
                              input_signature.dtype)
@@ -82,6 +88,10 @@ def _compose(earlier, later):
 
 @gin.configurable(module='terraformer')
 def LowRankSRU(d_model, d_sru=32, activation=None, mode='train'):
-  """x -> Dense_d_model(SRU(Dense_d_sru(x))) (§4.3): a cheap recurrence."""
+  """x -> Dense_d_model(SRU(Dense_d_sru(x))) (§4.3): a cheap recurrence.
+
+  Trax's `FeedForwardWithOptions` with `ff_use_sru=(1, d_sru)`:
+  Dense(d_sru), SRU(d_sru), Dense(d_model) (after its LayerNorm).
+  """
   return tl.Serial(tl.Dense(d_sru), SRU(activation, mode),
                    tl.Dense(d_model), name=f'LowRankSRU_{d_sru}')

@@ -14,6 +14,13 @@ def SparseLogits(vocab_size, n_modules=4):
   vocab_size. When S does not divide the vocabulary (e.g. 32100 = 32000
   pieces + 100 T5 sentinels with S = 8) the last S * M - vocab_size outputs
   are computed and dropped.
+
+  When S divides the vocabulary this is Trax 1.4.1's loss-sparsity layer of
+  `ConfigurableTransformer(LM)(loss_sparsity=S)` with its default
+  `loss_sparsity_type='mult'`: `SparseDenseWithOptions` ->
+  `FactoredDense(S, d_model, vocab_size)`, weights (D [S, d_model],
+  E [d_model, M], b [vocab_size]) in Trax's order. Trax rejects vocabularies
+  that S does not divide; the padding here has no Trax counterpart.
   """
   if n_modules < 1 or n_modules > vocab_size:
     raise ValueError(f'loss sparsity S={n_modules} must be in '

@@ -10,37 +10,51 @@ from terraformer.layers.multiplicative_dense import MultiplicativeDense
 from terraformer.layers.prefix_attention import PrefixCausalAttention
 
 
+LENGTH_PADDINGS = ('causal', 'centred')
+
+
 @gin.configurable(module='terraformer')
 class ModuleConv(tl.Layer):
-  """2-D convolution over (length, modules) of a [..., L, S*M] tensor (§3.2).
+  """2-D convolutions over (length, modules) of a [..., L, S*M] tensor (§3.2).
 
   The input is seen as an image of height L (length) and width S (modules)
-  with M channels. Each of `n_outputs` outputs has M filters of size F x F;
-  they are computed as one convolution with n_outputs * M filters (the same
-  parameters as separate ones: F*F*M*M + M each). Causal convolutions see the
-  current and F-1 previous positions; in predict mode they keep those F-1
-  previous inputs as state. Non-causal ones are centred along length.
+  with M channels. Output i is a convolution with M filters of size
+  `kernel_size` (length) x `module_kernel_sizes[i]` (modules), zero-padded
+  along modules to keep S modules; each output has its own kernel
+  [F, F_i, M, M] and bias [M], in this order: weights (K_1, b_1, K_2, b_2,
+  ...). This is Trax 1.4.1's `LocallyConvDense(S, M, mode, kernel_size=F_i,
+  length_kernel_size=F)` (its `tl.Conv` weights, in Trax's order), one per
+  output; they share one input and, in predict mode, one state.
+
+  `length_padding='causal'` (default, Trax's `_RememberPad`): each position
+  sees itself and the F-1 previous positions; in predict mode the layer keeps
+  those F-1 previous inputs as state. 'centred' (non-causal encoders only)
+  sees (F-1)//2 positions before and F//2 after.
   """
 
-  def __init__(self, n_modules, d_module, kernel_size=3, n_outputs=1,
-               causal=True, mode='train',
-               kernel_initializer=init.GlorotUniformInitializer(),
+  def __init__(self, n_modules, d_module, kernel_size=3,
+               module_kernel_sizes=(3,), length_padding='causal',
+               mode='train',
+               kernel_initializer=init.GlorotNormalInitializer(),
                bias_initializer=init.RandomNormalInitializer(1e-6)):
-    super().__init__(n_out=n_outputs,
-                     name=f'ModuleConv_{kernel_size}x{kernel_size}')
-    if mode == 'predict' and not causal:
+    n_outputs = len(module_kernel_sizes)
+    super().__init__(n_out=n_outputs, name=f'ModuleConv_{kernel_size}x'
+                     + 'x'.join(str(k) for k in module_kernel_sizes))
+    if length_padding not in LENGTH_PADDINGS:
+      raise ValueError(f'length_padding must be one of {LENGTH_PADDINGS}, '
+                       f'got {length_padding!r}.')
+    if mode == 'predict' and length_padding != 'causal':
       raise ValueError('A non-causal convolution cannot decode step by step.')
     self._n_modules = n_modules
     self._d_module = d_module
     self._kernel_size = kernel_size
-    self._n_outputs = n_outputs
-    self._causal = causal
+    self._module_kernel_sizes = tuple(module_kernel_sizes)
+    self._length_padding = length_padding
     self._mode = mode
     self._kernel_initializer = kernel_initializer
     self._bias_initializer = bias_initializer
 
   def forward(self, x):
-    kernel, bias = self.weights
     f = self._kernel_size
     image = x.reshape(x.shape[:-1] + (self._n_modules, self._d_module))
     if self._mode == 'predict':
@@ -48,25 +62,28 @@ class ModuleConv(tl.Layer):
         image = jnp.concatenate([self.state, image], axis=1)
         self.state = image[:, -(f - 1):]
       length_pad = (0, 0)
-    elif self._causal:
+    elif self._length_padding == 'causal':
       length_pad = (f - 1, 0)
     else:
       length_pad = ((f - 1) // 2, f // 2)
-    y = jax.lax.conv_general_dilated(
-        image, kernel, window_strides=(1, 1),
-        padding=(length_pad, ((f - 1) // 2, f // 2)),
-        dimension_numbers=('NHWC', 'HWIO', 'NHWC')) + bias
-    outputs = jnp.split(y, self._n_outputs, axis=-1)
-    outputs = [o.reshape(x.shape) for o in outputs]
-    return outputs[0] if self._n_outputs == 1 else tuple(outputs)
+    outputs = []
+    for i, fm in enumerate(self._module_kernel_sizes):
+      kernel, bias = self.weights[2 * i:2 * i + 2]
+      y = jax.lax.conv_general_dilated(
+          image, kernel, window_strides=(1, 1),
+          padding=(length_pad, ((fm - 1) // 2, fm // 2)),
+          dimension_numbers=('NHWC', 'HWIO', 'NHWC')) + bias
+      outputs.append(y.reshape(x.shape))
+    return outputs[0] if len(outputs) == 1 else tuple(outputs)
 
   def init_weights_and_state(self, input_signature):
     f, m = self._kernel_size, self._d_module
-    rng_kernel, rng_bias = fastmath.random.split(self.rng)
-    kernel = self._kernel_initializer((f, f, m, self._n_outputs * m),
-                                      rng_kernel)
-    bias = self._bias_initializer((self._n_outputs * m,), rng_bias)
-    self.weights = (kernel, bias)
+    rngs = fastmath.random.split(self.rng, 2 * len(self._module_kernel_sizes))
+    weights = []
+    for i, fm in enumerate(self._module_kernel_sizes):
+      weights += [self._kernel_initializer((f, fm, m, m), rngs[2 * i]),
+                  self._bias_initializer((m,), rngs[2 * i + 1])]
+    self.weights = tuple(weights)
     if self._mode == 'predict' and f > 1:
       batch = input_signature.shape[0]
       self.state = jnp.zeros((batch, f - 1, self._n_modules, m),
@@ -74,19 +91,37 @@ class ModuleConv(tl.Layer):
 
 
 def SparseQKV(d_model, n_modules, kernel_size=3, n_outputs=3, causal=True,
-              mode='train'):
-  """x -> conv_q(mult(x)), conv_k(mult(x)), ...: one shared multiplicative layer.
+              mode='train', module_kernel_size=None, value_module_kernel_size=1,
+              length_padding=None):
+  """x -> conv_q(mult(x)), conv_k(mult(x)), conv_v(mult(x)) (§3.2, Fig. 4b).
 
-  S = `n_modules` modules of size M = d_model / S; each output is laid out as
-  S heads of size M, ready for attention without reshaping (§3.2).
+  One multiplicative layer (with a bias, as Trax's `FactoredDense`) shared by
+  all outputs; S = `n_modules` modules of size M = d_model / S; each output
+  is laid out as S heads of size M, ready for attention without reshaping.
+  Q and K convolutions are F x F' (length x modules), F = `kernel_size`,
+  F' = `module_kernel_size` (None: F, the paper's F x F; Trax fixes F' = 3,
+  the same for the paper's F = 3); the V convolution is F x
+  `value_module_kernel_size` (Trax's `MultiplicativeConvCausalAttention`: 1).
+  `n_outputs=1` gives the query path only (Trax's sparse `AttentionQKV`
+  queries). `length_padding` defaults to 'causal' if `causal` else
+  'centred'.
   """
   if d_model % n_modules:
     raise ValueError(f'd_model={d_model} is not a multiple of the number of '
                      f'modules S={n_modules}.')
+  if n_outputs not in (1, 3):
+    raise ValueError(f'n_outputs must be 1 (Q) or 3 (Q, K, V), got '
+                     f'{n_outputs}.')
   d_module = d_model // n_modules
+  qk = kernel_size if module_kernel_size is None else module_kernel_size
+  module_kernel_sizes = (qk,) if n_outputs == 1 else (
+      qk, qk, value_module_kernel_size)
+  if length_padding is None:
+    length_padding = 'causal' if causal else 'centred'
   return tl.Serial(
-      MultiplicativeDense(n_modules, d_module),
-      ModuleConv(n_modules, d_module, kernel_size, n_outputs, causal, mode),
+      MultiplicativeDense(n_modules, d_module, use_bias=True),
+      ModuleConv(n_modules, d_module, kernel_size, module_kernel_sizes,
+                 length_padding, mode),
   )
 
 
@@ -98,6 +133,9 @@ def SparseQKVCausalAttention(d_model, n_modules=16, kernel_size=3,
   x -> y, both [batch, length, d_model]; S = `n_modules` heads of size
   d_model / S. Predict mode caches keys and values for `max_len` positions
   and reads only the filled part of that cache (PrefixCausalAttention).
+  Equal to Trax 1.4.1's `MultiplicativeConvCausalAttention(d_model,
+  n_heads=S, sparsity=S, length_kernel_size=F)` (default options) for F = 3,
+  weight for weight in the same order.
   """
   return tl.Serial(
       SparseQKV(d_model, n_modules, kernel_size, 3, causal=True, mode=mode),
@@ -111,9 +149,15 @@ def SparseQKVCausalAttention(d_model, n_modules=16, kernel_size=3,
 
 @gin.configurable(module='terraformer')
 def SparseQKVAttention(d_model, n_modules=16, kernel_size=3, dropout=0.0,
-                       mode='train'):
-  """Bidirectional (encoder) sparse QKV attention: (x, mask) -> (y, mask)."""
+                       mode='train', length_padding='causal'):
+  """Bidirectional (encoder) sparse QKV attention: (x, mask) -> (y, mask).
+
+  The Q/K/V convolutions are causal along length by default, as in Trax
+  (`MultiplicativeConvCausalAttention` used in `ConfigurableTransformer`'s
+  encoder); `length_padding='centred'` centres them instead.
+  """
   return tl.Serial(
-      SparseQKV(d_model, n_modules, kernel_size, 3, causal=False, mode=mode),
+      SparseQKV(d_model, n_modules, kernel_size, 3, mode=mode,
+                length_padding=length_padding),
       tl.PureAttention(n_heads=n_modules, dropout=dropout, mode=mode),
   )

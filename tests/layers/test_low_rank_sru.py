@@ -1,4 +1,5 @@
-"""SRU against a numpy loop of Lei et al.'s equations; predict-mode state."""
+"""SRU against a numpy loop of Lei et al.'s equations (Trax's form:
+r, f, x̃ from one biased Dense; highway term scaled by √3); predict state."""
 import jax
 import numpy as np
 import pytest
@@ -12,21 +13,19 @@ def _sigmoid(z):
   return 1.0 / (1.0 + np.exp(-z))
 
 
-def _sru_loop(x, w, b, activation):
-  """SRU step by step (Lei et al. 2017, eqs. 1-4), float64."""
+def _sru_loop(x, w, b, activation, highway_scale=3 ** 0.5):
+  """SRU step by step, float64."""
   x, w, b = (np.asarray(a, np.float64) for a in (x, w, b))
   n = x.shape[-1]
   g = np.tanh if activation == 'tanh' else (lambda c: c)
-  w_tilde, w_f, w_r = w[:, :n], w[:, n:2 * n], w[:, 2 * n:]
-  b_f, b_r = b[:n], b[n:]
   c = np.zeros((x.shape[0], n))
   out = np.zeros_like(x)
   for t in range(x.shape[1]):
     x_t = x[:, t]
-    f = _sigmoid(x_t @ w_f + b_f)
-    r = _sigmoid(x_t @ w_r + b_r)
-    c = f * c + (1.0 - f) * (x_t @ w_tilde)
-    out[:, t] = r * g(c) + (1.0 - r) * x_t
+    z = x_t @ w + b
+    r, f, x_tilde = _sigmoid(z[:, :n]), _sigmoid(z[:, n:2 * n]), z[:, 2 * n:]
+    c = f * c + (1.0 - f) * x_tilde
+    out[:, t] = r * g(c) + (1.0 - r) * x_t * highway_scale
   return out
 
 
@@ -34,22 +33,23 @@ def _random_weights(layer, n, seed):
   rng = np.random.RandomState(seed)
   # Biases far from 0 make f and r differ visibly from 1/2.
   return (rng.normal(0.0, 0.5, (n, 3 * n)).astype(np.float32),
-          rng.normal(0.0, 1.0, (2 * n,)).astype(np.float32))
+          rng.normal(0.0, 1.0, (3 * n,)).astype(np.float32))
 
 
-@pytest.mark.parametrize('activation', [None, 'tanh'])
-def test_matches_the_equations(activation):
+@pytest.mark.parametrize('activation,highway_scale',
+                         [(None, 3 ** 0.5), ('tanh', 3 ** 0.5), (None, 1.0)])
+def test_matches_the_equations(activation, highway_scale):
   x = np.random.RandomState(0).normal(size=(3, 37, 8)).astype(np.float32)
-  layer = SRU(activation=activation)
+  layer = SRU(activation=activation, highway_scale=highway_scale)
   layer.init(shapes.signature(x))
   layer.weights = _random_weights(layer, 8, seed=1)
-  expected = _sru_loop(x, *layer.weights, activation)
+  expected = _sru_loop(x, *layer.weights, activation, highway_scale)
   np.testing.assert_allclose(np.asarray(layer(x)), expected, atol=2e-5)
   # Recurrence reaches far: the last output depends on the first input.
   changed = x.copy()
   changed[:, 0] += 1.0
   assert not np.allclose(np.asarray(layer(changed))[:, -1],
-                         np.asarray(layer(x))[:, -1], atol=1e-6)
+                         np.asarray(layer(x))[:, -1], rtol=0, atol=1e-7)
 
 
 def test_predict_continues_from_its_state():
@@ -96,8 +96,8 @@ def test_low_rank_sru_projects_to_d_sru_and_back():
   assert layer(x).shape == x.shape
   sizes = sorted(int(np.prod(w.shape)) for w in
                  jax.tree_util.tree_leaves(layer.weights))
-  # Down (64x32 + 32), SRU (32x96 + 64), up (32x64 + 64).
-  assert sizes == sorted([64 * 32, 32, 32 * 96, 64, 32 * 64, 64])
+  # Down (64x32 + 32), SRU (32x96 + 96), up (32x64 + 64).
+  assert sizes == sorted([64 * 32, 32, 32 * 96, 96, 32 * 64, 64])
 
 
 def test_bad_activation():

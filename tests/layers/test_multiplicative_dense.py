@@ -16,8 +16,8 @@ def test_matches_formula():
   x = np.random.RandomState(0).randn(3, 5, 12).astype(np.float32)
   layer = MultiplicativeDense(n_modules=4, d_module=6, use_bias=True)
   d, e, b = _init(layer, x)
-  # y[s, m] = sum_i x[i] D[i, s] E[i, m]   (§3.2), flattened to s * M + m.
-  expected = np.einsum('bli,is,im->blsm', x, d, e).reshape(3, 5, 24) + b
+  # y[s, m] = sum_i x[i] D[s, i] E[i, m]   (§3.2), flattened to s * M + m.
+  expected = np.einsum('bli,si,im->blsm', x, d, e).reshape(3, 5, 24) + b
   np.testing.assert_allclose(np.asarray(layer(x)), expected, rtol=1e-5,
                              atol=1e-5)
 
@@ -35,9 +35,9 @@ def test_theorem_1_represents_any_permutation():
   d_model, s, m = 24, 4, 6
   rng = np.random.RandomState(7)
   f = rng.permutation(d_model)           # i -> flat output index s * M + m
-  d = np.zeros((d_model, s), np.float32)
+  d = np.zeros((s, d_model), np.float32)
   e = np.zeros((d_model, m), np.float32)
-  d[np.arange(d_model), f // m] = 1.0    # D[i, s'] = 1 iff s' = s(i)
+  d[f // m, np.arange(d_model)] = 1.0    # D[s', i] = 1 iff s' = s(i)
   e[np.arange(d_model), f % m] = 1.0     # E[i, m'] = 1 iff m' = m(i)
   layer = MultiplicativeDense(s, m)
   x = rng.randn(2, 3, d_model).astype(np.float32)

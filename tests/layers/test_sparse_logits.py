@@ -13,7 +13,7 @@ def test_matches_formula_and_parameter_count():
   layer = SparseLogits(vocab, n_modules=s)
   layer.init(shapes.signature(x), rng=jax.random.PRNGKey(0))
   d, e, b = [np.asarray(w) for w in layer.weights]
-  expected = np.einsum('bli,is,im->blsm', x, d, e).reshape(2, 3, vocab) + b
+  expected = np.einsum('bli,si,im->blsm', x, d, e).reshape(2, 3, vocab) + b
   np.testing.assert_allclose(np.asarray(layer(x)), expected, rtol=1e-5,
                              atol=1e-5)
   assert d.size + e.size + b.size == d_model * (s + vocab // s) + vocab
@@ -26,7 +26,7 @@ def test_vocab_not_a_multiple_of_modules_is_padded_and_cut():
   layer.init(shapes.signature(x), rng=jax.random.PRNGKey(0))
   d, e, b = [np.asarray(w) for w in layer.weights[0]]
   assert e.shape == (d_model, 8) and b.shape == (32,)
-  full = np.einsum('bli,is,im->blsm', x, d, e).reshape(2, 3, 32) + b
+  full = np.einsum('bli,si,im->blsm', x, d, e).reshape(2, 3, 32) + b
   out = np.asarray(layer(x))
   assert out.shape == (2, 3, vocab)
   np.testing.assert_allclose(out, full[..., :vocab], rtol=1e-5, atol=1e-5)
