@@ -8,9 +8,20 @@ flat list, so they are matched to the model in order; the first weight whose
 shape differs (or that one side lacks) is reported by its path in the layer
 tree, e.g. `Serial[3]/SparseFF.weights[2]: checkpoint (512, 128) vs model
 (1024, 128)`.
+
+A checkpoint of Trax's own models (Trax 1.4.1 `ConfigurableTransformerLM` /
+`ConfigurableTransformer`, e.g. the paper's) is accepted too, with no switch:
+the file format is the same (both are written by Trax's Loop), so a checkpoint
+whose flat weights do not fit our model as they are is imported through
+`terraformer.trax_import` (Trax's layouts mapped by name and shape). This is
+unambiguous: where Trax's layout and ours differ (SparseFF's [d_model,
+d_ff/N, N] and [N, d_ff/N, d_model] arrays vs our [d_ff, d_model] rows) the
+shapes differ, and everywhere else they hold the same arrays in the same
+order. When neither fits, the error names the first misfit of both.
 """
 import os
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 from trax import fastmath
@@ -126,9 +137,28 @@ def init_weights(loop, path):
   if len(named) != len(flat_model):  # A layer tree we cannot name.
     named = [(f'{model.name}.weights[#{i}]', w)
              for i, w in enumerate(flat_model)]
-  flat = match(load_flat_weights(path), named,
-               source=f'checkpoint {checkpoint_file(path)}')
-  weights, _ = tl.unflatten_weights_and_state(
-      flat, (), (model.weights, ()), weights_only=True)
+  checkpoint = load_flat_weights(path)
+  try:
+    flat = match(checkpoint, named,
+                 source=f'checkpoint {checkpoint_file(path)}')
+  except TerraformerError as error:
+    weights = _import_trax(model, checkpoint, error)
+  else:
+    weights, _ = tl.unflatten_weights_and_state(
+        flat, (), (model.weights, ()), weights_only=True)
   loop.update_weights_and_state(weights=weights)
-  return len(flat)
+  return len(fastmath.tree_flatten(weights))
+
+
+def _import_trax(model, checkpoint, error):
+  """Weights of `model` from a Trax model's checkpoint, or one error."""
+  from terraformer import trax_import  # pylint: disable=g-import-not-at-top
+  try:
+    weights = trax_import.import_weights(model, checkpoint,
+                                         source='Trax layout')
+  except TerraformerError as trax_error:
+    raise TerraformerError(
+        f'{error}; nor as a Trax 1.4.1 checkpoint: {trax_error}') from None
+  return jax.tree_util.tree_map(
+      lambda w, ours: jnp.asarray(w, dtype=ours.dtype), weights,
+      model.weights)

@@ -163,10 +163,12 @@ def test_mismatch_names_the_first_differing_weight(pretrained, tmp_path):
   with pytest.raises(TerraformerError) as error:
     _train(output_dir, 1, seed=0, model=wide,
            init_checkpoint=str(pretrain_dir))
-  assert str(error.value).splitlines()[0] == (
+  # (Gin adds a line naming the configurable.)
+  assert str(error.value).splitlines()[0].startswith(
       f'checkpoint {pretrain_dir}/model.pkl.gz does not match the model: '
       'Serial[5]/Serial[0]/Branch[1]/Parallel[1]/Serial[1]/SparseFF_64_N4'
-      '.weights[1]: checkpoint (4, 32) vs model (4, 64)')
+      '.weights[1]: checkpoint (4, 32) vs model (4, 64); nor as a Trax 1.4.1 '
+      'checkpoint: Trax layout does not match the model: ')
   assert not output_dir.exists()  # Nothing written.
 
 
@@ -210,3 +212,32 @@ def test_missing_checkpoint_is_an_error_before_writing(tmp_path):
   with pytest.raises(TerraformerError, match='not a Trax checkpoint'):
     _train(output_dir, 1, seed=0, init_checkpoint=str(tmp_path / 'x.txt'))
   assert not output_dir.exists()
+
+
+@pytest.mark.slow
+def test_init_checkpoint_accepts_a_trax_checkpoint(tmp_path):
+  """A checkpoint of Trax's ConfigurableTransformerLM, imported on the fly."""
+  import sys  # pylint: disable=g-import-not-at-top
+  sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+  import trax_checkpoints as tc  # pylint: disable=g-import-not-at-top
+  from terraformer import trax_import  # pylint: disable=g-import-not-at-top
+  signature = tc.int_signature((4, 16))
+  trax_model = tc.trax_lm('eval', vocab_size=VOCAB, d_model=16, d_ff=32,
+                          n_layers=1, n_heads=2, max_len=64, dropout=0.0,
+                          ff_sparsity=(4, 4))
+  tc.random_weights(trax_model, signature, seed=9)
+  path = tc.save_with_trax(trax_model, str(tmp_path / 'trax'), (signature,))
+  printed = io.StringIO()
+  with contextlib.redirect_stdout(printed):
+    loop = _train(tmp_path / 'out', 1, seed=0, init_checkpoint=path)
+  assert 'Fine-tuning from' in printed.getvalue()
+  imported = trax_import.import_weights(tiny_sparse_lm('eval'),
+                                        finetune.load_flat_weights(path))
+  _assert_equal(FirstStep.weights, _flat(imported))
+  # The imported model computes Trax's function.
+  tokens = np.random.RandomState(1).randint(1, VOCAB, (4, 16)).astype(
+      np.int32)
+  ours = tc.with_weights(tiny_sparse_lm('eval'), imported, signature)
+  np.testing.assert_allclose(np.asarray(ours(tokens)),
+                             np.asarray(trax_model(tokens)), atol=1e-4)
+  assert loop.step == 1

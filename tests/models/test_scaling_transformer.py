@@ -96,3 +96,33 @@ def test_lm_is_causal(variant):
   # Inputs are shifted right: changing token 5 changes logits from 6 on.
   np.testing.assert_allclose(a[:, :6], b[:, :6], atol=1e-5)
   assert not np.allclose(a[:, 6:], b[:, 6:])
+
+
+@pytest.mark.parametrize('encoder', ['causal', 'bidirectional'])
+def test_sparse_encoder_is_padding_independent(encoder):
+  inputs, targets = _tokens((1, 5), seed=6), _tokens((1, 4), seed=7)
+  logits = []
+  for pad in (0, 3, 6):
+    padded = np.pad(inputs, ((0, 0), (0, pad)))
+    model = ScalingTransformer(
+        input_vocab_size=VOCAB, n_encoder_layers=2, n_decoder_layers=1,
+        mode='eval', sparse_encoder_attention=encoder, **TINY,
+        **VARIANTS['sparse_ff_qkv_loss'])
+    model.init(shapes.signature((padded, targets)), rng=jax.random.PRNGKey(0))
+    logits.append(np.asarray(model((padded, targets))[0]))
+  for other in logits[1:]:
+    np.testing.assert_allclose(other, logits[0], atol=1e-5)
+
+
+def test_encoder_decoder_shares_the_embedding_without_output_vocab():
+  signature = (shapes.ShapeDtype((1, 5), np.int32),) * 2
+  shared = _encdec('dense', 'eval')
+  shared.init(signature)
+  separate = ScalingTransformer(input_vocab_size=VOCAB, output_vocab_size=VOCAB,
+                                n_encoder_layers=2, n_decoder_layers=2,
+                                mode='eval', **TINY)
+  separate.init(signature)
+  n_shared = sum(np.size(w) for w in jax.tree_util.tree_leaves(shared.weights))
+  n_separate = sum(np.size(w)
+                   for w in jax.tree_util.tree_leaves(separate.weights))
+  assert n_separate - n_shared == VOCAB * TINY['d_model']
