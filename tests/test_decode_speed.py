@@ -147,12 +147,13 @@ def _lm_step_bytes(n_layers, position, sparse):
   cache = 2 * bucket * D * F32 + 4    # K, V prefix (heads x d_head = D)
   if sparse:
     m = D // S
-    attention = ((D * S + D * m) * F32                  # D, E
-                 + (F * F * m * 3 * m + 3 * m) * F32     # conv kernel, bias
+    attention = ((D * S + D * m + D) * F32              # D, E, b
+                 + 2 * (F * F * m * m + m) * F32         # Q, K conv F x F
+                 + (F * m * m + m) * F32                 # V conv F x 1
                  + (F - 1) * D * F32 + cache)            # conv state
     blocks = D_FF // N
-    ff = ((D * LOWRANK + LOWRANK * D_FF + D) * F32      # C1, C2, b2
-          + 2 * blocks * D * F32 + blocks * F32)        # rows of W1ᵀ, W2, b1
+    ff = ((D * LOWRANK + LOWRANK * D_FF + D_FF + D) * F32  # C1, C2, c, b2
+          + 2 * blocks * D * F32)                        # rows of W1ᵀ, W2
     logits = (D * S_LOSS + D * V // S_LOSS + V) * F32
   else:
     attention = 4 * (D * D + D) * F32 + cache
