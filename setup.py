@@ -35,6 +35,8 @@ setuptools.setup(
             'terraformer-export=terraformer.cli.export:main',
             'terraformer-memory-bench=terraformer.cli.memory_bench:main',
             'terraformer-ood=terraformer.cli.ood:main',
+            'terraformer-import-trax=terraformer.cli.import_trax:main',
+            'terraformer-topk-bench=terraformer.cli.topk_bench:main',
         ],
     },
 )
