@@ -195,7 +195,7 @@ def test_sparse_qkv_attention_train_gradients_equal_trax():
   trax_g = _grads(trax_attention, x, trax_attention.weights,
                   trax_attention.state, rng)
   our_g = _grads(ours, x, ours.weights, ours.state, rng)
-  _close(_leaves(our_g[0]), _leaves(trax_g[0]), tol=1e-4)
+  _close(_leaves(our_g[0]), _leaves(trax_g[0]))   # |values| up to ~20
   _close(our_g[1], trax_g[1])
 
 
@@ -304,5 +304,5 @@ def test_sparse_logits_train_gradients_equal_trax():
   trax_gw, trax_gx = _grads(trax_logits, x, trax_logits.weights,
                             trax_logits.state, rng)
   our_gw, our_gx = _grads(ours, x, ours.weights, ours.state, rng)
-  _close(list(our_gw), _leaves(trax_gw), tol=1e-4)
+  _close(list(our_gw), _leaves(trax_gw))
   _close(our_gx, trax_gx)
