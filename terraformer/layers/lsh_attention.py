@@ -19,7 +19,25 @@ same checkpoint.
 layers: its buckets are a discrete decision, stored in its state by the
 forward pass, and `replay_state` makes a re-run reuse them (§4.2,
 `terraformer.layers.reversible`).
+
+Evaluation and decoding hash with a fixed key (`lsh_eval_seed`, folded with
+the layer's index in the model) instead of the layer's per-call rng, so the
+same weights and data give the same outputs on every call; training draws
+fresh hashing rotations every step, as Trax does.
+
+Decoder (causal) attention reads (x, lengths): `lengths` [batch] is the number
+of real encoder positions before the first decoder position (the Terraformer
+concatenates the encoder output with its padding removed). Train and eval
+ignore it. In predict mode the first call primes the caches with the encoder
+positions, the first decoder position and the junk after it
+([e_1..e_n, d_0, junk...]); the cache masks each example's junk positions
+for all later steps, and `PerExamplePrefill` takes the state of stateful
+sequence layers (sparse QKV convolution, SRU) at each example's own last real
+position, so decoding matches evaluation for any padding.
 """
+import jax
+import jax.numpy as jnp
+from trax import fastmath
 from trax import layers as tl
 from trax.layers.research import efficient_attention
 
@@ -33,8 +51,31 @@ class LSHCore(efficient_attention.PureLSHSelfAttention):
   """LSH attention on (qk, v[, mask]) split into heads; replays its buckets.
 
   Inputs qk, v: [batch * n_heads, length, d_head]; mask (bidirectional only):
-  [batch, length], True on real tokens. Output like v.
+  [batch, length], True on real tokens. Output like v. `eval_seed`: the
+  hashing key in eval and predict modes (None: Trax's per-head keys in the
+  state, which advance on every call, so evaluation is random).
   """
+
+  def __init__(self, *args, eval_seed=0, mode='train', **kwargs):
+    super().__init__(*args, mode=mode, **kwargs)
+    self._fixed_hashing = mode != 'train' and eval_seed is not None
+    self._eval_seed = eval_seed
+
+  def _hashing_state(self, state):
+    """`state` with its per-head hashing keys (which Trax's layer advances
+    on every call) reset to keys drawn from `eval_seed`."""
+    if not self._fixed_hashing:
+      return state
+    if self._incremental:
+      mem_end, mem, inner = state
+      return mem_end, mem, self._hashing_state_unbatched(inner)
+    return self._hashing_state_unbatched(state)
+
+  def _hashing_state_unbatched(self, state):
+    *rest, keys = state                          # (buckets, [index,] keys)
+    fixed = jax.random.split(jax.random.PRNGKey(self._eval_seed),
+                             keys.shape[0])
+    return (*rest, fixed.reshape(keys.shape).astype(keys.dtype))
 
   def forward(self, inputs):
     if isinstance(self.state, dict) and _REPLAY in self.state:
@@ -43,7 +84,11 @@ class LSHCore(efficient_attention.PureLSHSelfAttention):
           inputs, stored, self.rng, compute_output=True, update_state=False)
       self.state = stored
       return output
-    return super().forward(inputs)
+    output, new_state, _ = self.forward_and_or_backward(
+        inputs, self._hashing_state(self.state), self.rng,
+        compute_output=True, update_state=True)
+    self.state = new_state
+    return output
 
   def replay_state(self, state, new_state):
     """State under which `forward` reuses the buckets in `new_state`."""
@@ -51,12 +96,125 @@ class LSHCore(efficient_attention.PureLSHSelfAttention):
     return {_REPLAY: new_state}
 
 
+class CausalDotProductAttention(tl.Layer):
+  """Causal softmax attention (q, k, v, lengths) -> y, per head.
+
+  q, k, v: [batch * n_heads, length, d_head]; lengths: [batch] (see the
+  module docstring). Train and eval: Trax's `DotProductCausalAttention`
+  (scaled dot products, causal mask, attention dropout in train). Predict:
+  keys and values cached for `max_len` positions; the first call marks each
+  example's positions after lengths[b] (its junk) as invalid keys forever.
+  """
+
+  def __init__(self, n_heads, dropout=0.0, max_len=2048, mode='train'):
+    super().__init__(n_in=4, n_out=1, name='CausalDotProductAttention')
+    self._n_heads = n_heads
+    self._dropout = dropout
+    self._max_len = max_len
+    self._mode = mode
+
+  def forward(self, inputs):
+    q, k, v, lengths = inputs
+    length = q.shape[1]
+    if self._mode != 'predict':
+      keys_valid = jnp.ones((1, k.shape[1]), jnp.bool_)
+      query_pos = jnp.arange(length)
+      ks, vs = k, v
+    else:
+      ks, vs, valid, idx = self.state
+      ks = fastmath.dynamic_update_slice_in_dim(ks, k, idx, axis=1)
+      vs = fastmath.dynamic_update_slice_in_dim(vs, v, idx, axis=1)
+      pos = idx + jnp.arange(length)
+      # First call (idx == 0): a position is real iff it is <= lengths[b]
+      # (n encoder positions, then the first decoder position).
+      last_real = jnp.repeat(lengths, self._n_heads)[:, None]
+      written = (pos[None, :] <= last_real) | (idx > 0)
+      valid = fastmath.dynamic_update_slice_in_dim(valid, written, idx, axis=1)
+      self.state = (ks, vs, valid, idx + length)
+      keys_valid, query_pos = valid, pos
+    mask = ((jnp.arange(ks.shape[1])[None, None, :] <= query_pos[None, :, None])
+            & keys_valid[:, None, :])
+    dots = jnp.matmul(q, jnp.swapaxes(ks, -1, -2)) / jnp.sqrt(
+        q.shape[-1]).astype(q.dtype)
+    dots = jnp.where(mask, dots, jnp.full_like(dots, -1e9))
+    weights = jax.nn.softmax(dots, axis=-1)
+    if self._mode == 'train' and self._dropout > 0.0:
+      keep = fastmath.random.bernoulli(self.rng, 1.0 - self._dropout,
+                                       weights.shape)
+      weights = jnp.where(keep, weights / (1.0 - self._dropout), 0.0)
+    return jnp.matmul(weights, vs)
+
+  def init_weights_and_state(self, input_signature):
+    if self._mode != 'predict':
+      return
+    q = input_signature[0]
+    shape = (q.shape[0], self._max_len, q.shape[2])
+    self.state = (jnp.zeros(shape, q.dtype), jnp.zeros(shape, q.dtype),
+                  jnp.ones(shape[:2], jnp.bool_), jnp.zeros((), jnp.int32))
+
+
+class PerExamplePrefill(tl.Layer):
+  """(inputs..., lengths) -> layer(inputs...): per-example decoding prefill.
+
+  Wraps a stateful sequence layer (a causal convolution, an SRU) of a
+  Terraformer decoder. In train and eval it is the layer. In predict mode
+  the first call (the prefill, length > 1) computes the outputs of all
+  positions at once and then the state the layer would have after each
+  example's position lengths[b]: a scan over positions that keeps an
+  example's state once it is past its last real position.
+  """
+
+  def __init__(self, layer, mode='train'):
+    super().__init__(n_in=layer.n_in + 1, n_out=layer.n_out,
+                     name=f'PerExamplePrefill_{layer.name}')
+    self._sublayers = (layer,)
+    self._mode = mode
+
+  def forward(self, inputs):
+    *xs, lengths = inputs
+    layer = self.sublayers[0]
+    xs = tuple(xs)
+    args = xs if len(xs) > 1 else xs[0]
+    weights, state = self.weights[0], self.state[0]
+    out, new_state = layer.pure_fn(args, weights, state, self.rng)
+    length = xs[0].shape[1]
+    if self._mode == 'predict' and length > 1:
+      new_state = self._state_at(layer, xs, lengths, weights, state)
+    self.state = (new_state,)
+    return out
+
+  def _state_at(self, layer, xs, lengths, weights, state):
+    batch = xs[0].shape[0]
+
+    def step(carry, t):
+      x_t = tuple(fastmath.dynamic_slice_in_dim(x, t, 1, axis=1) for x in xs)
+      _, stepped = layer.pure_fn(x_t if len(x_t) > 1 else x_t[0], weights,
+                                 carry, self.rng)
+      keep = t <= lengths
+
+      def pick(new, old):
+        if getattr(new, 'ndim', 0) and new.shape[0] == batch:
+          return jnp.where(keep.reshape((batch,) + (1,) * (new.ndim - 1)),
+                           new, old)
+        return new
+      return jax.tree_util.tree_map(pick, stepped, carry), None
+
+    final, _ = jax.lax.scan(step, state, jnp.arange(xs[0].shape[1]))
+    return final
+
+  def init_weights_and_state(self, input_signature):
+    weights, state = self.sublayers[0].init(
+        tuple(input_signature[:-1]) if self.n_in > 2 else input_signature[0],
+        rng=self.rng)
+    self.weights, self.state = (weights,), (state,)
+
+
 def SelfAttention(d_model, n_heads, attention_type='full',
                   attention_sparsity=0, attention_kernel_size=3, causal=True,
                   dropout=0.0, lsh_chunk_len=128, lsh_n_hashes=1,
                   lsh_n_buckets=None, predict_mem_len=2048,
-                  predict_drop_len=256, mode='train'):
-  """Self-attention: causal `x -> y`, bidirectional `(x, mask) -> y`.
+                  predict_drop_len=256, lsh_eval_seed=0, mode='train'):
+  """Self-attention: causal `(x, lengths) -> y`, bidirectional `(x, mask) -> y`.
 
   Args:
     d_model: width of x and y.
@@ -65,8 +223,9 @@ def SelfAttention(d_model, n_heads, attention_type='full',
     attention_type: 'full' or 'lsh'.
     attention_sparsity: S > 0: sparse QKV with S modules; 0: dense.
     attention_kernel_size: sparse QKV convolution size F.
-    causal: decoder (causal) or encoder (bidirectional, padding mask
-      [batch, length] with True on tokens).
+    causal: decoder (causal, with the encoder lengths of the module
+      docstring) or encoder (bidirectional, padding mask [batch, length] with
+      True on tokens).
     dropout: attention dropout.
     lsh_chunk_len: LSH chunk length (divides the sequence length).
     lsh_n_hashes: LSH rounds of hashing.
@@ -74,6 +233,7 @@ def SelfAttention(d_model, n_heads, attention_type='full',
     predict_mem_len: positions kept by a decoding cache (the encoder length
       plus the target length, to keep them all).
     predict_drop_len: positions LSH drops when its cache is full.
+    lsh_eval_seed: LSH hashing key in eval and predict (None: random).
     mode: 'train', 'eval' or 'predict'.
   """
   if attention_type not in ATTENTION_TYPES:
@@ -95,10 +255,15 @@ def SelfAttention(d_model, n_heads, attention_type='full',
                      f'heads ({heads}).')
   d_head = d_model // heads
   split = tl.SplitIntoHeads(heads)
+  if causal and attention_sparsity:              # x lengths
+    # The convolution keeps state when decoding.
+    projections = [tl.Select([0, 1, 1]),         # x lengths lengths
+                   PerExamplePrefill(projections, mode)]  # q k v lengths
 
   if attention_type == 'lsh':
     core = [
         tl.Fn('SharedQK', lambda q, k: (q + k) / 2, n_out=1),   # qk v [mask]
+        tl.Select([0, 1], n_in=3) if causal else [],
         tl.Parallel(split, split),
         LSHCore(n_heads=heads, d_qk=d_head, d_v=d_head, causal=causal,
                 masked=not causal, chunk_len=lsh_chunk_len,
@@ -106,15 +271,14 @@ def SelfAttention(d_model, n_heads, attention_type='full',
                 n_hashes=lsh_n_hashes, n_buckets=lsh_n_buckets, mode=mode,
                 predict_mem_len=predict_mem_len,
                 predict_drop_len=predict_drop_len,
-                attention_dropout=dropout),
+                attention_dropout=dropout, eval_seed=lsh_eval_seed),
         tl.MergeHeads(heads),
     ]
   elif causal:
-    core = [
+    core = [                                     # q k v lengths
         tl.Parallel(split, split, split),
-        tl.DotProductCausalAttention(dropout=dropout,
-                                     max_inference_length=predict_mem_len,
-                                     mode=mode),
+        CausalDotProductAttention(heads, dropout=dropout,
+                                  max_len=predict_mem_len, mode=mode),
         tl.MergeHeads(heads),
     ]
   else:

@@ -1,40 +1,83 @@
 """Terraformer (§4, Fig. 8): a Scaling Transformer for long sequences.
 
-  * Encoder: reversible blocks of bidirectional attention and feed-forward.
-  * No encoder-decoder attention: the decoder runs causally over
-    LengthConcat(encoder output, decoder embeddings); each decoder block has
-    two attentions before its feed-forward (§4.1):
+  * Encoder: reversible blocks of bidirectional attention and feed-forward,
+    then the mean of the two streams, a Dense layer and a LayerNorm.
+  * No encoder-decoder attention: the decoder runs causally over the encoder
+    output with its padding removed, followed by the decoder embeddings
+    ([e_1..e_n, d_1..d_m, zeros], Trax's `ConcatWithPadding`); each decoder
+    block has two attentions before its feed-forward (§4.1):
         y1 = x + Dropout(Attention(LayerNorm(x)))
         y2 = y1 + Dropout(Attention(LayerNorm(y1)))
         y  = y2 + FFN(y2)
-    Only the decoder positions reach the logits and the loss.
+    Only the decoder positions reach the logits and the loss (Trax's
+    `StripFromConcatenateWithPadding`). The logits of real positions do not
+    depend on how much padding the inputs have (full attention; LSH hashes
+    and chunks a sequence whose length includes the padding).
   * Reversible (§4.2): blocks run on two residual streams (x1, x2), each
     residual a half-residual followed by a swap (two swaps per encoder block,
     three per decoder block); discrete decisions (sparse FF controller, LSH
     buckets) are stored and replayed when reversing.
-  * Recurrence (§4.3): a low-rank SRU (d_model -> d_sru -> d_model) is added
-    to every feed-forward block: FFN(x) = FF(LN(x)) + SRU-path(LN(x)).
+  * Recurrence (§4.3): a low-rank SRU (d_model -> d_sru -> d_model) with its
+    own LayerNorm is added to every feed-forward block:
+    FFN(x) = Dropout(FF(LN(x))) + SRU-path(LN'(x)).
   * Sparsity (§3): `ff_sparsity`, `attention_sparsity`, `loss_sparsity` as in
     `ScalingTransformer`; attention mechanism 'full' or 'lsh' per stack.
 
 Model contract (as `ScalingTransformer`): (inputs [B, Lin], targets [B, Lt])
--> (logits [B, Lt, V], targets). In predict mode the first call, (inputs,
-prev_token = 0), runs the encoder and primes the decoder's caches with the Lin
-encoder positions and the first token; then one token per call.
+-> (logits [B, Lt, V], targets); inputs are padded with 0 at the end. In
+predict mode the first call, (inputs, prev_token = 0), runs the encoder and
+primes the decoder's caches with each example's real encoder positions and
+the first token; then one token per call. With full attention decoding
+reproduces the evaluation forward pass (to float error) for any padding, also
+with per-example lengths in a batch. With LSH it does not: evaluation hashes
+the whole sequence once (with a fixed key, so it is deterministic), decoding
+hashes the growing cache, and junk cache positions of shorter examples are
+not masked; see `terraformer/layers/lsh_attention.py`.
 
-The decoder attends to every encoder position, padding included (their
-encoder outputs): training, evaluation and decoding see the same sequence, so
-decoding reproduces the evaluation forward pass exactly.
+Correspondence with Trax 1.4.1's `ConfigurableTerraformer`
+(`trax.models.research.terraformer`), the code the paper measured:
+  same by default: reversible encoder blocks (two swaps) and decoder blocks
+    (`n_decoder_attention_layers=2`); `reversible_encoder=False` (stream mean,
+    Dense, LayerNorm after the encoder); `ConcatWithPadding` /
+    `StripFromConcatenateWithPadding`; `pos_type='fixed-base'` (our own
+    `FixedBasePositionalEncoding`, same weights and eval/predict function;
+    training draws its random starts with other random numbers); embeddings
+    shared between encoder and decoder when `output_vocab_size` is None;
+    `ff_use_sru=(1, d_sru)` as `tl.Residual([LayerNorm, Dense(d_sru), SRU,
+    Dense(d_model)], shortcut=[LayerNorm, FF, Dropout])`; ReLU feed-forward;
+    `ff_sparsity` (`SparseFF`); `loss_sparsity` with
+    `loss_sparsity_type='mult'`; full attention = `tl.SelfAttention`
+    (efficient), LSH = `tl.LSHSelfAttention` / `PureLSHSelfAttention`.
+  differs (weights map, function equal): attention projections are
+    `tl.Dense` layers with biases (Trax's `SelfAttention`: per-head
+    [n_heads, d_model, d_head] matrices without biases, w_o
+    [n_heads, d_head, d_model]; import with zero biases); LSH uses q and k
+    averaged (Trax's `LSHSelfAttention` has one shared w_qk: import it as
+    both); the feed-forward's dropout sits after the ReLU (same values).
+  not supported: `d_attention_key/value` != d_model / n_heads,
+    `n_layers_forget`, `half_before_layer`, `double_after_layer`,
+    `reversible_encoder=True`, `ff_chunk_size`, `attention_chunk_size`,
+    `use_bfloat16`, `center_layernorm=False`, `loss_d_lowrank`,
+    `loss_sparsity_prob`, `pos_type` other than 'fixed-base'/None,
+    `pos_start_from_zero_prob`, embedded (vector) inputs.
+Switches back to our earlier variants: `pos_type='sinusoidal'`,
+`share_embeddings=False`, `encoder_output_dense=False`.
 """
 import gin
+import jax
 import jax.numpy as jnp
+from trax import fastmath
 from trax import layers as tl
+from trax.layers import initializers as init
 
 from terraformer.layers import reversible as rev
+from terraformer.layers.lsh_attention import PerExamplePrefill
 from terraformer.layers.lsh_attention import SelfAttention
 from terraformer.layers.low_rank_sru import LowRankSRU
 from terraformer.layers.sparse_ff import SparseFF
 from terraformer.layers.sparse_logits import SparseLogits
+
+POS_TYPES = ('fixed-base', 'sinusoidal')
 
 
 @gin.configurable(module='terraformer')
@@ -45,9 +88,10 @@ def Terraformer(input_vocab_size=32000, output_vocab_size=None, d_model=512,
                 encoder_attention_type='lsh', decoder_attention_type='lsh',
                 attention_sparsity=0, attention_kernel_size=3,
                 loss_sparsity=0, lsh_chunk_len=128, lsh_n_hashes=1,
-                lsh_n_buckets=None, predict_mem_len=2048,
+                lsh_n_buckets=None, lsh_eval_seed=0, predict_mem_len=2048,
                 predict_drop_len=256, use_sru=True, d_sru=32,
-                reversible=True, mode='train'):
+                pos_type='fixed-base', share_embeddings=True,
+                encoder_output_dense=True, reversible=True, mode='train'):
   """Terraformer: (inputs, targets) -> (logits, targets).
 
   Args:
@@ -58,8 +102,8 @@ def Terraformer(input_vocab_size=32000, output_vocab_size=None, d_model=512,
     n_encoder_layers: encoder blocks.
     n_decoder_layers: decoder blocks.
     n_heads: attention heads (dense projections).
-    dropout: dropout rate (residuals, attention, feed-forward).
-    max_len: longest input or target (positional encodings).
+    dropout: dropout rate (embeddings, residuals, attention, feed-forward).
+    max_len: longest input or target (sinusoidal positions).
     ff_sparsity: N > 0: sparse FF with one active unit per block of N.
     d_lowrank: sparse FF controller bottleneck.
     ff_temperature: Gumbel-softmax temperature of the controller.
@@ -72,15 +116,28 @@ def Terraformer(input_vocab_size=32000, output_vocab_size=None, d_model=512,
     lsh_chunk_len: LSH chunk length; must divide Lin and Lin + Lt.
     lsh_n_hashes: LSH hashing rounds.
     lsh_n_buckets: LSH buckets (None: from the length).
+    lsh_eval_seed: hashing key of LSH in eval and predict (layer i uses
+      lsh_eval_seed + i), so evaluation is deterministic; None: a fresh rng
+      every call, as in training.
     predict_mem_len: decoder cache length in predict mode (>= Lin + Lt to
       attend to everything).
     predict_drop_len: positions LSH drops from a full cache.
     use_sru: add the low-rank SRU to every feed-forward block.
     d_sru: SRU width.
+    pos_type: 'fixed-base' (Trax's Terraformer default, learned digit
+      embeddings, `FixedBasePositionalEncoding`) or 'sinusoidal'
+      (`tl.PositionalEncoding`).
+    share_embeddings: one embedding matrix for inputs and targets when
+      output_vocab_size is None (as Trax); False: two.
+    encoder_output_dense: a Dense layer between the encoder's stream mean
+      and its final LayerNorm (as Trax); False: none.
     reversible: reversible blocks (False: the same function with plain
       backpropagation, for comparisons).
     mode: 'train', 'eval' or 'predict'.
   """
+  if pos_type not in POS_TYPES:
+    raise ValueError(f'pos_type must be one of {POS_TYPES}, got {pos_type!r}')
+  shared = share_embeddings and output_vocab_size is None
   output_vocab_size = output_vocab_size or input_vocab_size
   encoder_mode = 'eval' if mode == 'predict' else mode
   common = dict(d_model=d_model, d_ff=d_ff, n_heads=n_heads, dropout=dropout,
@@ -89,7 +146,8 @@ def Terraformer(input_vocab_size=32000, output_vocab_size=None, d_model=512,
                 attention_sparsity=attention_sparsity,
                 attention_kernel_size=attention_kernel_size,
                 lsh_chunk_len=lsh_chunk_len, lsh_n_hashes=lsh_n_hashes,
-                lsh_n_buckets=lsh_n_buckets, predict_mem_len=predict_mem_len,
+                lsh_n_buckets=lsh_n_buckets, lsh_eval_seed=lsh_eval_seed,
+                predict_mem_len=predict_mem_len,
                 predict_drop_len=predict_drop_len,
                 d_sru=d_sru if use_sru else 0, reversible=reversible,
                 store_decisions=reversible and mode != 'predict')
@@ -97,9 +155,12 @@ def Terraformer(input_vocab_size=32000, output_vocab_size=None, d_model=512,
                    mode=encoder_mode, **common)
   dec = _Sublayers(attention_type=decoder_attention_type, causal=True,
                    mode=mode, **common)
+  in_embedding = tl.Embedding(input_vocab_size, d_model)
+  out_embedding = (in_embedding if shared
+                   else tl.Embedding(output_vocab_size, d_model))
 
   encoder = tl.Serial(                           # tok_e
-      tl.Branch(_Embedder(input_vocab_size, d_model, dropout, max_len,
+      tl.Branch(_Embedder(in_embedding, dropout, pos_type, max_len,
                           encoder_mode),
                 _TokenMask()),                   # vec_e mask_e
       tl.Dup(),                                  # vec_e vec_e mask_e
@@ -107,35 +168,40 @@ def Terraformer(input_vocab_size=32000, output_vocab_size=None, d_model=512,
           [_EncoderBlock(enc) for _ in range(n_encoder_layers)],
           reversible=reversible),                # x1 x2 mask_e
       _StreamMean(),                             # vec_e mask_e
-      tl.Select([0], n_in=2),
-      tl.LayerNorm(),                            # vec_e
+      tl.Dense(d_model) if encoder_output_dense else [],
+      tl.LayerNorm(),                            # vec_e mask_e
   )
   return tl.Serial(                              # tok_e tok_d
       tl.Select([0, 1, 1]),                      # tok_e tok_d tok_d
-      _CachedInPredict(encoder, mode),           # vec_e tok_d tok_d
-      tl.Swap(),                                 # tok_d vec_e tok_d
+      _CachedInPredict(encoder, mode),           # vec_e mask_e tok_d tok_d
+      tl.Select([2, 0, 1]),                      # tok_d vec_e mask_e tok_d
       tl.ShiftRight(mode=mode),
-      _Embedder(output_vocab_size, d_model, dropout, max_len, mode),
-      _EncoderDecoderConcat(mode),               # vec_ed tok_d
-      tl.Dup(),                                  # x1 x2 tok_d
+      _Embedder(out_embedding, dropout, pos_type, max_len, mode),
+      EncoderDecoderConcat(mode),                # vec_ed len_e tok_d
+      tl.Dup(),                                  # x1 x2 len_e tok_d
       rev.ReversibleSerial(
-          [_DecoderBlock(dec) for _ in range(n_decoder_layers)],
-          reversible=reversible),                # x1 x2 tok_d
-      _StreamMean(),                             # vec_ed tok_d
+          [_DecoderBlock(dec, i) for i in range(n_decoder_layers)],
+          reversible=reversible),                # x1 x2 len_e tok_d
+      _StreamMean(),                             # vec_ed len_e tok_d
       tl.LayerNorm(),
-      _DecoderPositions(),                       # vec_d tok_d
+      DecoderPositions(mode),                    # vec_d tok_d
       _Logits(output_vocab_size, loss_sparsity),  # logits tok_d
   )
 
 
 class _Sublayers:
-  """Builds the attention and feed-forward residual functions of a stack."""
+  """Builds the attention and feed-forward residual functions of a stack.
+
+  Encoder functions read (x, mask) (attention) or x; decoder functions read
+  (x, len_e): len_e [batch] counts each example's real encoder positions.
+  """
 
   def __init__(self, d_model, d_ff, n_heads, dropout, ff_sparsity, d_lowrank,
                ff_temperature, ff_quant_prob, attention_type,
                attention_sparsity, attention_kernel_size, lsh_chunk_len,
-               lsh_n_hashes, lsh_n_buckets, predict_mem_len, predict_drop_len,
-               d_sru, reversible, store_decisions, causal, mode):
+               lsh_n_hashes, lsh_n_buckets, lsh_eval_seed, predict_mem_len,
+               predict_drop_len, d_sru, reversible, store_decisions, causal,
+               mode):
     self.__dict__.update(locals())
     del self.__dict__['self']
 
@@ -145,31 +211,44 @@ class _Sublayers:
   def dropout_layer(self):
     return tl.Dropout(rate=self.dropout, mode=self.mode)
 
-  def attention(self):
-    """Causal: x -> y. Bidirectional: (x, mask) -> y."""
+  def attention(self, index=0):
+    """Causal: (x, len_e) -> y. Bidirectional: (x, mask) -> y."""
+    seed = None if self.lsh_eval_seed is None else self.lsh_eval_seed + index
     attention = SelfAttention(
         self.d_model, self.n_heads, self.attention_type,
         self.attention_sparsity, self.attention_kernel_size, self.causal,
         self.dropout, self.lsh_chunk_len, self.lsh_n_hashes,
         self.lsh_n_buckets, self.predict_mem_len, self.predict_drop_len,
-        self.mode)
-    norm = tl.LayerNorm() if self.causal else tl.Parallel(tl.LayerNorm(), [])
-    return self.half_residual(norm, attention, self.dropout_layer())
+        seed, self.mode)
+    return self.half_residual(tl.Parallel(tl.LayerNorm(), []), attention,
+                              self.dropout_layer())
 
   def feed_forward(self):
-    """x -> FF(LN(x)) [+ LowRankSRU(LN(x))]."""
+    """FF path: x -> Dropout(FF(LN(x))); with SRU, + SRU-path(LN'(x)).
+
+    Decoder: reads (x, len_e) when it has the SRU, whose decoding state is
+    taken at each example's last real position (`PerExamplePrefill`).
+    """
     if self.ff_sparsity:
       ff = SparseFF(self.d_ff, self.ff_sparsity, self.d_lowrank,
-                    self.ff_temperature, self.ff_quant_prob, self.dropout,
-                    self.mode, store_decisions=self.store_decisions)
+                    temperature=self.ff_temperature,
+                    quant_prob=self.ff_quant_prob, mode=self.mode,
+                    store_decisions=self.store_decisions)
     else:
       ff = tl.Serial(tl.Dense(self.d_ff), tl.Relu(), self.dropout_layer(),
                      tl.Dense(self.d_model))
-    if self.d_sru:
-      ff = [tl.Branch(ff, LowRankSRU(self.d_model, self.d_sru,
-                                     mode=self.mode)),
-            tl.Add()]
-    return self.half_residual(tl.LayerNorm(), ff, self.dropout_layer())
+    ff_path = [tl.LayerNorm(), ff, self.dropout_layer()]
+    if not self.d_sru:
+      return self.half_residual(*ff_path)
+    sru = LowRankSRU(self.d_model, self.d_sru, mode=self.mode)
+    if self.causal:                              # x len_e
+      return self.half_residual(
+          tl.Branch([tl.Select([0], n_in=2)] + ff_path,
+                    [tl.Parallel(tl.LayerNorm(), []),
+                     PerExamplePrefill(sru, self.mode)]),
+          tl.Add())
+    return self.half_residual(tl.Branch(ff_path, [tl.LayerNorm(), sru]),
+                              tl.Add())
 
 
 def _EncoderBlock(s):                            # x1 x2 mask
@@ -177,16 +256,92 @@ def _EncoderBlock(s):                            # x1 x2 mask
           s.feed_forward(), tl.ReversibleSwap()]
 
 
-def _DecoderBlock(s):                            # x1 x2
-  return [s.attention(), tl.ReversibleSwap(),
-          s.attention(), tl.ReversibleSwap(),
+def _DecoderBlock(s, index):                     # x1 x2 len_e
+  return [s.attention(1 + 2 * index), tl.ReversibleSwap(),
+          s.attention(2 + 2 * index), tl.ReversibleSwap(),
           s.feed_forward(), tl.ReversibleSwap()]
 
 
-def _Embedder(vocab_size, d_model, dropout, max_len, mode):
-  return [tl.Embedding(vocab_size, d_model),
-          tl.Dropout(rate=dropout, mode=mode),
-          tl.PositionalEncoding(max_len=max_len, mode=mode)]
+def _Embedder(embedding, dropout, pos_type, max_len, mode):
+  if pos_type == 'fixed-base':
+    positions = FixedBasePositionalEncoding(mode=mode)
+  else:
+    positions = tl.PositionalEncoding(max_len=max_len, mode=mode)
+  return [embedding, tl.Dropout(rate=dropout, shared_axes=[-2], mode=mode),
+          positions]
+
+
+@gin.configurable(module='terraformer')
+class FixedBasePositionalEncoding(tl.Layer):
+  """Positions written in several bases, each digit scaling a learned vector.
+
+  The Terraformer's positional encoding (Trax's `pos_type='fixed-base'`,
+  `tl.FixedBasePositionalEncoding`; same weights and eval/predict function):
+  for every base b and digit i, (digit i of the position in base b) * w[b][i]
+  ([1, d / n_digits]); the digits' vectors are concatenated, the bases
+  summed, and a learned start vector is added at position 0. Training starts
+  at a random position with probability 1 - 1/start_from_zero_one_in and
+  drops all the position embeddings of an example with probability
+  1/base_dropout_one_in (Trax's regularization; our own random draws).
+  Predict mode counts positions in its state.
+  """
+
+  def __init__(self, bases=(11, 13, 14, 15), n_digits=8,
+               start_from_zero_one_in=2, base_dropout_one_in=100,
+               mode='train', initializer=init.RandomUniformInitializer(1e-4)):
+    super().__init__(name='FixedBasePositionalEncoding')
+    self._bases = tuple(bases)
+    self._n_digits = n_digits
+    self._start_from_zero_one_in = start_from_zero_one_in
+    self._base_dropout_one_in = base_dropout_one_in
+    self._mode = mode
+    self._initializer = initializer
+
+  def forward(self, x):
+    base_weights, start_vec = self.weights
+    batch, length = x.shape[0], x.shape[1]
+    max_pos = min(self._bases) ** self._n_digits
+    positions = jnp.broadcast_to(jnp.arange(length)[None, :], (batch, length))
+    first = jnp.ones((batch, 1, 1), x.dtype)     # Position 0 is the start.
+    keep = jnp.ones((batch, 1, 1), x.dtype)
+    if self._mode == 'train':
+      rng_start, rng_offset, rng_drop = fastmath.random.split(self.rng, 3)
+      offset = fastmath.random.randint(rng_offset, (batch,), 0,
+                                       max_pos - length)
+      moved = fastmath.random.randint(
+          rng_start, (batch,), 0, self._start_from_zero_one_in) > 0
+      positions = positions + jnp.where(moved, offset, 0)[:, None]
+      keep = (fastmath.random.randint(rng_drop, (batch,), 0,
+                                      self._base_dropout_one_in) > 0)
+      keep = keep.astype(x.dtype)[:, None, None]
+    elif self._mode == 'predict':
+      positions = positions + self.state
+      first = jnp.where(self.state == 0, first, 0.0)
+      self.state = self.state + length
+    embedding = 0.0
+    for base, digit_weights in zip(self._bases, base_weights):
+      digits, rest = [], positions
+      for w in digit_weights:
+        digits.append((rest % base).astype(x.dtype)[..., None] * w)
+        rest = rest // base
+      embedding = embedding + jnp.concatenate(digits, axis=-1) * keep
+    is_first = (jnp.arange(length) == 0)[None, :, None] * first
+    return x + embedding + is_first * start_vec
+
+  def init_weights_and_state(self, input_signature):
+    d = input_signature.shape[-1]
+    if d % self._n_digits:
+      raise ValueError(f'd_model={d} is not a multiple of n_digits='
+                       f'{self._n_digits} (fixed-base positions).')
+    rng_digits, rng_start = fastmath.random.split(self.rng)
+    base_weights = tuple(
+        tuple(self._initializer((1, d // self._n_digits), r)
+              for r in fastmath.random.split(rng_digits, self._n_digits))
+        for _ in self._bases)
+    self.weights = (base_weights,
+                    self._initializer((1, 1, d), rng_start))
+    if self._mode == 'predict':
+      self.state = jnp.zeros((), jnp.int32)
 
 
 def _TokenMask():
@@ -196,12 +351,6 @@ def _TokenMask():
 
 def _StreamMean():
   return tl.Fn('StreamMean', lambda x1, x2: (x1 + x2) / 2.0)
-
-
-def _DecoderPositions():
-  """(vec_ed, tok_d) -> (vec_d, tok_d): the last len(tok_d) positions."""
-  return tl.Fn('DecoderPositions',
-               lambda x, tok: (x[:, -tok.shape[1]:], tok), n_out=2)
 
 
 def _Logits(vocab_size, loss_sparsity):
@@ -215,24 +364,56 @@ def _CachedInPredict(layer, mode):
   return tl.Cache(layer) if mode == 'predict' else tl.Serial(layer)
 
 
-class _EncoderDecoderConcat(tl.Layer):
-  """(vec_d, vec_e) -> LengthConcat(vec_e, vec_d) (§4.1).
+class EncoderDecoderConcat(tl.Layer):
+  """(vec_d, vec_e, mask_e) -> (vec_ed, len_e): padding removed (§4.1).
 
-  In predict mode only the first call (the first decoder token) prepends the
-  encoder positions, which primes the decoder's caches with them; later calls
-  pass the new decoder position alone. A Python-level flag in the state (like
-  `tl.Cache`) tells the two apart, so each has its own static shapes.
+  vec_ed[b] = [vec_e[b, :n_b], vec_d[b], zeros(Lin - n_b)] with n_b = len_e[b]
+  the number of real encoder tokens (Trax's `ConcatWithPadding`; padding at
+  the end of the inputs). In predict mode only the first call (the first
+  decoder token) prepends the encoder positions, which primes the decoder's
+  caches with them; later calls pass the new decoder position alone. A
+  Python-level flag in the state (like `tl.Cache`) tells the two apart, so
+  each has its own static shapes.
   """
 
   def __init__(self, mode='train'):
-    super().__init__(n_in=2, n_out=1, name='EncoderDecoderConcat')
+    super().__init__(n_in=3, n_out=2, name='EncoderDecoderConcat')
     self._mode = mode
 
   def forward(self, inputs):
-    vec_d, vec_e = inputs
-    if self._mode != 'predict':
-      return jnp.concatenate([vec_e, vec_d], axis=1)
-    if self.state:                               # Encoder already prepended.
-      return vec_d
-    self.state = (jnp.zeros((), jnp.int32),)
-    return jnp.concatenate([vec_e, vec_d], axis=1)
+    vec_d, vec_e, mask_e = inputs
+    if self._mode == 'predict' and self.state:   # Encoder already prepended.
+      return vec_d, self.state[0]
+    len_e = jnp.sum(mask_e, axis=1, dtype=jnp.int32)
+    if self._mode == 'predict':
+      self.state = (len_e,)
+    l_in, l_out = vec_e.shape[1], vec_d.shape[1]
+    pos = jnp.arange(l_in + l_out)[None, :]
+    n = len_e[:, None]
+    source = jnp.where(pos < n, pos, l_in + pos - n)
+    source = jnp.clip(source, 0, l_in + l_out - 1)
+    both = jnp.concatenate([vec_e, vec_d], axis=1)
+    vec_ed = jnp.take_along_axis(both, source[..., None], axis=1)
+    return vec_ed * (pos < n + l_out)[..., None].astype(vec_ed.dtype), len_e
+
+
+class DecoderPositions(tl.Layer):
+  """(vec_ed, len_e, tok_d) -> (vec_d, tok_d): the decoder positions.
+
+  vec_d[b] = vec_ed[b, n_b : n_b + Ld] (Trax's
+  `StripFromConcatenateWithPadding`); in predict mode, after the first call,
+  vec_ed holds the decoder position alone.
+  """
+
+  def __init__(self, mode='train'):
+    super().__init__(n_in=3, n_out=2, name='DecoderPositions')
+    self._mode = mode
+
+  def forward(self, inputs):
+    vec_ed, len_e, tok_d = inputs
+    if self._mode == 'predict' and self.state:
+      return vec_ed, tok_d
+    if self._mode == 'predict':
+      self.state = (jnp.zeros((), jnp.int32),)
+    rows = len_e[:, None] + jnp.arange(tok_d.shape[1])[None, :]
+    return jnp.take_along_axis(vec_ed, rows[..., None], axis=1), tok_d

@@ -23,7 +23,8 @@ def _weight_shapes(layer, signature):
 @pytest.mark.parametrize('causal', [True, False])
 def test_full_and_lsh_share_weights(sparsity, causal):
   x = shapes.ShapeDtype((2, 16, 32), np.float32)
-  sig = x if causal else (x, shapes.ShapeDtype((2, 16), np.bool_))
+  sig = (x, shapes.ShapeDtype((2,), np.int32) if causal
+         else shapes.ShapeDtype((2, 16), np.bool_))
   full = SelfAttention(32, 4, 'full', sparsity, causal=causal)
   lsh = SelfAttention(32, 4, 'lsh', sparsity, causal=causal, **LSH)
   assert _weight_shapes(full, sig) == _weight_shapes(lsh, sig)
@@ -44,11 +45,14 @@ def test_causal_attention_ignores_the_future(attention_type):
   a chunk can depend on later ones, but no position attends to a later one.)
   """
   x = np.random.RandomState(0).normal(size=(2, 16, 32)).astype(np.float32)
+  lengths = np.zeros((2,), np.int32)  # Decoder input: encoder lengths.
   layer = _init(SelfAttention(32, 4, attention_type, causal=True,
-                              mode='eval', **LSH), shapes.signature(x))
+                              mode='eval', **LSH),
+                shapes.signature((x, lengths)))
 
   def head(x, upto):
-    y, _ = layer.pure_fn(x, layer.weights, layer.state, jax.random.PRNGKey(0))
+    y, _ = layer.pure_fn((x, lengths), layer.weights, layer.state,
+                         jax.random.PRNGKey(0))
     return jnp.sum(jnp.sin(y[:, :upto]))
 
   grad = np.asarray(jax.grad(head)(jnp.asarray(x), 11))
