@@ -11,6 +11,8 @@ Our models have the same layers in the same order as their Trax counterparts:
   ScalingTransformerLM  <-  trax.models.research.configurable_transformer.
                             ConfigurableTransformerLM
   ScalingTransformer    <-  ...configurable_transformer.ConfigurableTransformer
+  Terraformer           <-  trax.models.research.terraformer.
+                            ConfigurableTerraformer
 
 so the import walks OUR model's layer tree (built from our gin config) and,
 for each of our weight-bearing layers, lists the arrays its Trax counterpart
@@ -35,6 +37,17 @@ Layout changes (the transforms in `_LAYER_IMPORTS`):
              and W2 are [d_ff, d_model] with that unit at row x*N + y.
              Controller m2 [d_lowrank, d_ff/N, N] and bias [d_ff/N, N] are
              flattened the same way.
+  Attention  Trax's efficient SelfAttention: w_q, w_k, w_v [n_heads,
+             d_model, d_head], w_o [n_heads, d_head, d_model], no biases;
+             ours: Dense q, k, v, o ([d_model, n_heads*d_head], head-major
+             columns) with zero biases. LSHSelfAttention's shared w_qk is
+             our w_q and w_k (we attend with (q + k) / 2).
+  Order      Terraformer: Trax embeds the decoder tokens (its decoder
+             positions; output embedding if unshared) before the encoder
+             blocks, ours after the encoder; the plan reorders them.
+  Names      `ReversibleHalfResidual[i]/...`: the i-th reversible half
+             residual (attention or feed-forward half) in our order.
+  SRU        Trax's tl.SRU Dense(3n) kernel and bias = our SRU (W, b).
   The other layers store Trax's arrays as they are (FactoredDense = our
   MultiplicativeDense, LocallyConvDense = our ModuleConv, per output).
 """
@@ -51,7 +64,9 @@ from trax import shapes
 from terraformer import decoding
 from terraformer import finetune
 from terraformer.errors import TerraformerError
+from terraformer.layers import low_rank_sru
 from terraformer.layers import multiplicative_dense
+from terraformer.layers import reversible
 from terraformer.layers import sparse_ff
 from terraformer.layers import sparse_qkv_attention
 
@@ -145,11 +160,91 @@ def _module_conv(layer, sig):
   return _same('LocallyConvDense', roles)(None, sig)
 
 
+def _tree(trax_layer, role):
+  """Our weights are Trax's nested tuple, leaf for leaf (`role[i]`)."""
+  def imports(layer, sig):
+    del layer
+    leaves, tree = jax.tree_util.tree_flatten(sig)
+    trax = [(f'{trax_layer}/{role}[{i}]', _shape(s))
+            for i, s in enumerate(leaves)]
+    return _Import(trax,
+                   lambda arrays: jax.tree_util.tree_unflatten(tree, arrays))
+  return imports
+
+
+def _dense_projections(layer):
+  """Our `SelfAttention` with dense projections: (Branch(Dense x3), .., Dense).
+
+  Sparse QKV attention (no output Dense) is walked layer by layer instead.
+  """
+  subs = layer.sublayers
+  if not (layer.name in ('FULLSelfAttention', 'LSHSelfAttention') and subs
+          and isinstance(subs[-1], tl.Dense)):
+    return False
+  branch = subs[0].sublayers              # Select, Parallel(Dense x3)
+  return (subs[0].name == 'Branch' and len(branch) == 2
+          and len(branch[1].sublayers) == 3
+          and all(isinstance(d, tl.Dense) for d in branch[1].sublayers))
+
+
+def _self_attention(layer, sig):
+  """Trax's efficient `SelfAttention` / `LSHSelfAttention` (no biases).
+
+  Trax: w_q, w_k, w_v [n_heads, d_model, d_head], w_o [n_heads, d_head,
+  d_model]; LSH has one w_qk for queries and keys. Ours: Dense q, k, v, o
+  with head h at columns h*d_head.. (tl.SplitIntoHeads); biases set to 0.
+  LSH: w_qk is our w_q and w_k, so our (q + k) / 2 is Trax's shared qk.
+  """
+  (q, _, _), o = sig[0][1], sig[-1]
+  if any(_has_arrays(w) for w in sig[1:-1]) or _has_arrays(sig[0][0]):
+    raise TerraformerError(f'{layer.name}: weights outside its projections')
+  d_model, width = _shape(q[0])
+  n_heads = _n_heads(layer)
+  d_head = width // n_heads
+  lsh = layer.name == 'LSHSelfAttention'
+  in_shape = (n_heads, d_model, d_head)
+  names = ('w_qk', 'w_v') if lsh else ('w_q', 'w_k', 'w_v')
+  trax = [(f'{"LSH" if lsh else ""}SelfAttention/{n}', in_shape)
+          for n in names]
+  trax.append((f'{"LSH" if lsh else ""}SelfAttention/w_o',
+               (n_heads, d_head, _shape(o[0])[1])))
+
+  def dense_in(w):
+    return (np.transpose(w, (1, 0, 2)).reshape(d_model, width),
+            np.zeros((width,), w.dtype))
+
+  def build(arrays):
+    ins, w_o = arrays[:-1], arrays[-1]
+    if lsh:
+      ins = [ins[0], ins[0], ins[1]]
+    q_k_v = tuple(dense_in(w) for w in ins)
+    out = (w_o.reshape(width, w_o.shape[-1]),
+           np.zeros((w_o.shape[-1],), w_o.dtype))
+    weights = list(sig)
+    weights[0] = (sig[0][0], q_k_v)
+    weights[-1] = out
+    return tuple(weights)
+  return _Import(trax, build)
+
+
+def _n_heads(layer):
+  """The head count of our attention (its attention core's `_n_heads`)."""
+  stack = list(layer.sublayers)
+  while stack:
+    sub = stack.pop()
+    n = getattr(sub, '_n_heads', None)
+    if isinstance(n, int) and n > 0:
+      return n
+    stack.extend(sub.sublayers)
+  raise TerraformerError(f'{layer.name}: cannot find its number of heads')
+
+
 _LAYER_IMPORTS = (
     # (our layer class, its import); checked in order with isinstance.
     (sparse_ff.SparseFF, _sparse_ff),
     (multiplicative_dense.MultiplicativeDense, _multiplicative_dense),
     (sparse_qkv_attention.ModuleConv, _module_conv),
+    (low_rank_sru.SRU, _same('SRU/Dense', ('kernel', 'bias'))),
     (tl.Embedding, _same('Embedding', ('embedding',))),
     (tl.PositionalEncoding, _same('PositionalEncoding', ('positions',))),
     (tl.LayerNorm, _same('LayerNorm', ('scale', 'bias'))),
@@ -160,6 +255,10 @@ _LAYER_IMPORTS = (
 def _layer_import(layer):
   # By class name along the MRO: Trax's `assert_shape` decorator wraps some
   # layer classes (e.g. tl.PositionalEncoding) in new classes.
+  if _dense_projections(layer):
+    return _self_attention
+  if layer.name == 'FixedBasePositionalEncoding':
+    return _tree('FixedBasePositionalEncoding', 'weights')
   names = {cls.__name__ for cls in type(layer).__mro__}
   for cls, imports in _LAYER_IMPORTS:
     if isinstance(layer, cls) or cls.__name__ in names:
@@ -184,8 +283,10 @@ class _Plan:
   def __init__(self, model, weights_sig):
     self.entries = []  # (our path, _Import, Trax names with prefix)
     self._residuals = 0
+    self._half_residuals = 0
     self._seen = set()
     self._walk(model, weights_sig, model.name, '')
+    self._to_trax_order(model)
 
   @property
   def trax_layout(self):
@@ -205,6 +306,10 @@ class _Plan:
     if _is_residual(layer):
       trax_prefix = f'{trax_prefix}Residual[{self._residuals}]/'
       self._residuals += 1
+    elif isinstance(layer, reversible.HalfResidual):
+      trax_prefix = (f'{trax_prefix}ReversibleHalfResidual'
+                     f'[{self._half_residuals}]/')
+      self._half_residuals += 1
     subs = layer.sublayers
     if subs and isinstance(sig, (tuple, list)) and len(sig) == len(subs):
       for i, (sub, sub_sig) in enumerate(zip(subs, sig)):
@@ -215,22 +320,56 @@ class _Plan:
           f'cannot import Trax weights into {path}: layer {layer.name} has '
           'no Trax counterpart')
 
+  def _to_trax_order(self, model):
+    """Reorders the entries where Trax's layer tree differs from ours.
+
+    Terraformer: Trax embeds the decoder tokens (its out_encoder: output
+    Embedding if not shared, positions) right after the encoder's embedding,
+    before the encoder blocks; ours does it after the encoder.
+    """
+    subs = model.sublayers
+    names = [sub.name for sub in subs]
+    if 'EncoderDecoderConcat' not in names:
+      return
+    concat = names.index('EncoderDecoderConcat')
+    encoder = next(i for i, sub in enumerate(subs)
+                   if i < concat and _has_reversible(sub))
+    decoder_embedder = tuple(f'{model.name}[{i}]/'
+                             for i in range(encoder + 1, concat))
+    moved = [e for e in self.entries if e[0].startswith(decoder_embedder)]
+    rest = [e for e in self.entries if not e[0].startswith(decoder_embedder)]
+    encoder_prefix = f'{model.name}[{encoder}]/'
+    blocks = next(i for i, e in enumerate(rest)
+                  if e[0].startswith(encoder_prefix)
+                  and '/ReversibleSerial' in e[0])
+    self.entries = rest[:blocks] + moved + rest[blocks:]
+
   def fill(self, model, weights_sig, built):
-    """Our weights tree, with each converted layer's weights from `built`."""
-    built = iter(built)
+    """Our weights tree, with each converted layer's weights from `built`.
+
+    `built[i]` holds the weights of `self.entries[i]` (matched by path).
+    """
+    by_path = {path: w for (path, _, _), w in zip(self.entries, built)}
     seen = set()
 
-    def walk(layer, sig):
+    def walk(layer, sig, path):
       if id(layer) in seen:
         return sig
       seen.add(id(layer))
-      if _layer_import(layer) is not None and _has_arrays(sig):
-        return next(built)
+      if path in by_path:
+        return by_path[path]
       subs = layer.sublayers
       if subs and isinstance(sig, (tuple, list)) and len(sig) == len(subs):
-        return tuple(walk(s, w) for s, w in zip(subs, sig))
+        return tuple(walk(s, w, f'{path}[{i}]/{s.name}')
+                     for i, (s, w) in enumerate(zip(subs, sig)))
       return sig
-    return walk(model, weights_sig)
+    return walk(model, weights_sig, model.name)
+
+
+def _has_reversible(layer):
+  if isinstance(layer, tl.ReversibleSerial):
+    return True
+  return any(_has_reversible(sub) for sub in layer.sublayers)
 
 
 def read_trax_checkpoint(path):

@@ -13,6 +13,7 @@ from terraformer import trax_import
 from terraformer.errors import TerraformerError
 from terraformer.models import ScalingTransformer
 from terraformer.models import ScalingTransformerLM
+from terraformer.models import Terraformer
 
 import trax_checkpoints as tc
 
@@ -143,3 +144,86 @@ def test_encoder_decoder_import_matches_trax(variant, tmp_path):
                                max_length=LENGTH, input_length=LENGTH,
                                eos_id=None)
   np.testing.assert_array_equal(np.asarray(got_tokens), want_tokens)
+
+
+TERRAFORMER = dict(d_model=16, d_ff=32, n_heads=4, max_len=32, dropout=0.0,
+                   n_encoder_layers=2, n_decoder_layers=2)
+TERRAFORMER_VARIANTS = {
+    # name: (Trax kwargs, our kwargs). Full attention is Trax's efficient
+    # tl.SelfAttention without chunking (its default chunk_len=None).
+    'full': (dict(encoder_attention_type=tc.tl.SelfAttention,
+                  encoder_decoder_attention_type=tc.tl.SelfAttention),
+             dict(encoder_attention_type='full',
+                  decoder_attention_type='full', use_sru=False)),
+    'sru_sparse_ff_loss': (
+        dict(encoder_attention_type=tc.tl.SelfAttention,
+             encoder_decoder_attention_type=tc.tl.SelfAttention,
+             ff_use_sru=(1, 8), ff_sparsity=(4, 4), loss_sparsity=4),
+        dict(encoder_attention_type='full', decoder_attention_type='full',
+             use_sru=True, d_sru=8, ff_sparsity=4, d_lowrank=4,
+             loss_sparsity=4)),
+}
+
+
+def _our_terraformer(variant, mode):
+  _, ours = TERRAFORMER_VARIANTS[variant]
+  return Terraformer(input_vocab_size=VOCAB, mode=mode, predict_mem_len=32,
+                     **TERRAFORMER, **ours)
+
+
+def _trax_terraformer_checkpoint(tmp_path, variant, seed=6):
+  trax_kwargs, _ = TERRAFORMER_VARIANTS[variant]
+  signature = tc.int_signature((BATCH, LENGTH), (BATCH, LENGTH))
+  model = tc.trax_terraformer_model('eval', VOCAB, **TERRAFORMER,
+                                    **trax_kwargs)
+  tc.random_weights(model, signature, seed=seed)
+  path = tc.save_with_trax(model, str(tmp_path / 'trax'), signature)
+  return model, path
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize('variant', sorted(TERRAFORMER_VARIANTS))
+def test_terraformer_import_matches_trax(variant, tmp_path):
+  trax_model, path = _trax_terraformer_checkpoint(tmp_path, variant)
+  weights, _ = trax_import.load_trax_into(_our_terraformer(variant, 'eval'),
+                                          path)
+
+  signature = tc.int_signature((BATCH, LENGTH), (BATCH, LENGTH))
+  inputs = _tokens((BATCH, LENGTH), seed=7)
+  inputs[0, 5:] = 0  # Padding.
+  targets = _tokens((BATCH, LENGTH), seed=8)
+  ours = tc.with_weights(_our_terraformer(variant, 'eval'), weights,
+                         signature)
+  want = np.asarray(trax_model((inputs, targets))[0])
+  got = np.asarray(ours((inputs, targets))[0])
+  assert got.shape == want.shape
+  max_diff = float(np.max(np.abs(got - want)))
+  print(f'terraformer {variant}: max |dlogit| {max_diff:.2e}')
+  assert max_diff < 1e-4
+
+  want_tokens = tc.trax_greedy_encdec(trax_model, inputs, LENGTH)
+  predict = evaluation.with_weights(
+      _our_terraformer(variant, 'predict'), weights,
+      tc.int_signature((BATCH, LENGTH), (BATCH, 1)))
+  got_tokens = decoding.decode(predict, [list(inputs[0, :5]), list(inputs[1])],
+                               max_length=LENGTH, input_length=LENGTH,
+                               eos_id=None)
+  np.testing.assert_array_equal(np.asarray(got_tokens), want_tokens)
+
+
+@pytest.mark.slow
+def test_mismatched_terraformer_checkpoint_names_the_first_weight(tmp_path):
+  _, path = _trax_terraformer_checkpoint(tmp_path, 'full')
+  _, ours = TERRAFORMER_VARIANTS['full']
+  wider = Terraformer(input_vocab_size=VOCAB, mode='eval',
+                      **dict(TERRAFORMER, d_ff=48), **ours)
+  with pytest.raises(TerraformerError) as error:
+    trax_import.load_trax_into(wider, path)
+  message = str(error.value)
+  assert '\n' not in message
+  # Trax's order: the shared embedding (1), encoder positions (33), decoder
+  # positions (33), then encoder block 0: attention half (LayerNorm 2,
+  # w_q w_k w_v w_o), feed-forward half (LayerNorm 2, the first Dense).
+  assert 'Trax weight 75 of' in message
+  assert 'ReversibleHalfResidual[1]/Dense/kernel' in message
+  assert 'checkpoint (16, 32) vs expected (16, 48)' in message

@@ -24,6 +24,7 @@ compat.apply()
 # pylint: disable=g-import-not-at-top,wrong-import-position
 from trax.layers.research import sparsity as trax_sparsity
 from trax.models.research import configurable_transformer as trax_ct
+from trax.models.research import terraformer as trax_terraformer
 # pylint: enable=g-import-not-at-top,wrong-import-position
 
 
@@ -59,6 +60,14 @@ def trax_encdec(mode, attention_sparsity=0, length_kernel_size=3,
           trax_sparsity.MultiplicativeConvCausalAttention)
       kwargs['enc_dec_attention_sparsity'] = attention_sparsity
     return trax_ct.ConfigurableTransformer(mode=mode, **kwargs)
+
+
+def trax_terraformer_model(mode, input_vocab_size, **kwargs):
+  """ConfigurableTerraformer (attention types as Trax classes in kwargs)."""
+  with gin.unlock_config():
+    gin.clear_config()
+    return trax_terraformer.ConfigurableTerraformer(input_vocab_size,
+                                                    mode=mode, **kwargs)
 
 
 def random_weights(model, signature, seed=0, scale=0.5):
