@@ -52,6 +52,7 @@ Layout changes (the transforms in `_LAYER_IMPORTS`):
   MultiplicativeDense, LocallyConvDense = our ModuleConv, per output).
 """
 import gzip
+import math
 import os
 import pickle
 
@@ -388,8 +389,20 @@ def _unpickle(pkl):
 
 
 def _input_signature(model, length=16):
+  """Tokens [1, length]; with LSH, length is a multiple of its chunks."""
+  chunks = _lsh_chunk_lens(model)
+  if chunks:
+    length = math.lcm(*chunks)
   token = shapes.ShapeDtype((1, length), np.int32)
   return (token, token) if decoding.is_encoder_decoder(model) else token
+
+
+def _lsh_chunk_lens(layer):
+  own = getattr(layer, '_chunk_len', None)
+  lens = [own] if isinstance(own, int) and own > 0 else []
+  for sub in layer.sublayers:
+    lens += _lsh_chunk_lens(sub)
+  return lens
 
 
 def import_weights(model, flat, source='Trax checkpoint', signature=None):

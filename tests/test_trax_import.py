@@ -4,6 +4,8 @@ Each test builds a Trax model with random weights, saves it with Trax's
 checkpoint writer, imports it into our model of the matching config and
 compares eval logits (within 1e-4) and greedy decodes (identical) with Trax.
 """
+import functools
+
 import numpy as np
 import pytest
 
@@ -227,3 +229,53 @@ def test_mismatched_terraformer_checkpoint_names_the_first_weight(tmp_path):
   assert 'Trax weight 75 of' in message
   assert 'ReversibleHalfResidual[1]/Dense/kernel' in message
   assert 'checkpoint (16, 32) vs expected (16, 48)' in message
+
+
+@pytest.mark.slow
+def test_terraformer_lsh_import_matches_trax_with_the_same_hashing(tmp_path):
+  """LSH in both stacks, eval mode: equal when Trax hashes with our keys.
+
+  Our eval hashes with keys drawn from `lsh_eval_seed` + the attention's
+  index (encoder: + 0; decoder block i: + 1 + 2i, + 2 + 2i); Trax's
+  LSHSelfAttention keeps per-head keys in its state and advances them on
+  every call, so the oracle's keys are set to ours before each call.
+  Greedy decoding is not compared: our LSH decoding hashes the growing
+  cache and does not reproduce the evaluation pass (model docstring).
+  """
+  # Ours attends to 1 chunk before (and, in the encoder, 1 after).
+  lsh = dict(chunk_len=4, n_buckets=4, n_hashes=1, n_chunks_before=1,
+             n_chunks_after=0)
+  signature = tc.int_signature((BATCH, LENGTH), (BATCH, LENGTH))
+  trax_model = tc.trax_terraformer_model(
+      'eval', VOCAB, lsh=lsh,
+      encoder_attention_type=functools.partial(tc.tl.LSHSelfAttention,
+                                               n_chunks_after=1),
+      encoder_decoder_attention_type=tc.tl.LSHSelfAttention, **TERRAFORMER)
+  tc.random_weights(trax_model, signature, seed=9)
+  path = tc.save_with_trax(trax_model, str(tmp_path / 'trax'), signature)
+
+  seed = 5
+  ours_kwargs = dict(encoder_attention_type='lsh',
+                     decoder_attention_type='lsh', use_sru=False,
+                     lsh_chunk_len=4, lsh_n_buckets=4, lsh_n_hashes=1,
+                     lsh_eval_seed=seed, **TERRAFORMER)
+  weights, _ = trax_import.load_trax_into(
+      Terraformer(input_vocab_size=VOCAB, mode='eval', **ours_kwargs), path)
+  ours = tc.with_weights(
+      Terraformer(input_vocab_size=VOCAB, mode='eval', **ours_kwargs),
+      weights, signature)
+
+  inputs = _tokens((BATCH, LENGTH), seed=10)
+  inputs[0, 5:] = 0  # Padding.
+  targets = _tokens((BATCH, LENGTH), seed=11)
+  got = np.asarray(ours((inputs, targets))[0])
+  layers = tc.lsh_layers(trax_model)
+  n_enc = TERRAFORMER['n_encoder_layers']
+  assert len(layers) == n_enc + 2 * TERRAFORMER['n_decoder_layers']
+  offsets = [0] * n_enc + list(range(1, len(layers) - n_enc + 1))
+  for layer, offset in zip(layers, offsets):
+    tc.set_hashing_keys(layer, seed + offset)
+  want = np.asarray(trax_model((inputs, targets))[0])
+  max_diff = float(np.max(np.abs(got - want)))
+  print(f'terraformer lsh: max |dlogit| {max_diff:.2e}')
+  assert max_diff < 1e-4

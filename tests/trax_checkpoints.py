@@ -62,12 +62,32 @@ def trax_encdec(mode, attention_sparsity=0, length_kernel_size=3,
     return trax_ct.ConfigurableTransformer(mode=mode, **kwargs)
 
 
-def trax_terraformer_model(mode, input_vocab_size, **kwargs):
-  """ConfigurableTerraformer (attention types as Trax classes in kwargs)."""
+def trax_terraformer_model(mode, input_vocab_size, lsh=None, **kwargs):
+  """ConfigurableTerraformer (attention types as Trax classes in kwargs).
+
+  lsh: gin parameters of `LSHSelfAttention` (chunk_len, n_buckets, ...).
+  """
   with gin.unlock_config():
     gin.clear_config()
+    for name, value in (lsh or {}).items():
+      gin.bind_parameter(f'LSHSelfAttention.{name}', value)
     return trax_terraformer.ConfigurableTerraformer(input_vocab_size,
                                                     mode=mode, **kwargs)
+
+
+def lsh_layers(model):
+  """Trax's LSHSelfAttention layers of `model`, in order."""
+  if type(model).__name__ == 'LSHSelfAttention':
+    return [model]
+  return [l for sub in model.sublayers for l in lsh_layers(sub)]
+
+
+def set_hashing_keys(layer, seed):
+  """Sets the per-head hashing keys in `layer`'s state (Trax advances them
+  on every call) to those drawn from `seed`, as our `LSHCore` does in eval."""
+  *rest, keys = layer.state
+  fixed = jax.random.split(jax.random.PRNGKey(seed), keys.shape[0])
+  layer.state = (*rest, fixed.reshape(keys.shape).astype(keys.dtype))
 
 
 def random_weights(model, signature, seed=0, scale=0.5):
