@@ -5,10 +5,11 @@
 
 PATH is a Trax `training.Loop` checkpoint (`model.pkl.gz`, with
 `model.weights.npy.gz` beside it, or their directory) of Trax's
-`ConfigurableTransformerLM` / `ConfigurableTransformer`; OUR.gin configures
-the matching model of ours (`terraformer.train.model = @ScalingTransformerLM`
-or `@ScalingTransformer`, same hyperparameters; see
-`terraformer/models/scaling_transformer.py` for the options that map). Every
+`ConfigurableTransformerLM` / `ConfigurableTransformer` /
+`ConfigurableTerraformer`; OUR.gin configures the matching model of ours
+(`terraformer.train.model = @ScalingTransformerLM`, `@ScalingTransformer` or
+`@Terraformer`, same hyperparameters; see the model modules' docstrings for
+the options that map). Every
 weight is mapped by name and shape (`terraformer.trax_import`); the first one
 that does not fit is one error line, and nothing is written. DIR then holds
 `model.pkl.gz` + `model.weights.npy.gz`, which terraformer-decode,
