@@ -65,6 +65,8 @@ def test_terraformer_sizes(counts):
   def total(name):
     return counts[os.path.join(GIN_DIR, 'terraformer', f'{name}.gin')]['total']
   dense_800m = counts[os.path.join(GIN_DIR, 'scaling_800m', 'dense.gin')]
-  assert abs(total('c4_800m') / dense_800m['total'] - 1) < 0.1
+  # Same dims as the dense 800M, fewer weights: no encoder-decoder
+  # attention, one shared embedding, fixed-base positions, sparse loss.
+  assert 0.8 < total('c4_800m') / dense_800m['total'] < 1.0
   assert total('arxiv_800m') == total('c4_800m')  # Fine-tunes its checkpoint.
   assert 16.5e9 < total('17b') < 17.5e9
