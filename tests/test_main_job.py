@@ -27,7 +27,7 @@ def _main_sh(output_dir, *args):
              BENCH_ARGS='--tokens=2 --repeats=1')
   result = subprocess.run(['bash', os.path.join(ROOT, 'scripts', 'main.sh'),
                            *args], cwd=ROOT, env=env, capture_output=True,
-                          text=True, timeout=1200, check=False)
+                          text=True, timeout=2400, check=False)
   assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
   return result.stdout
 
