@@ -22,7 +22,7 @@ setuptools.setup(
         'tqdm>=4.66',
     ],
     extras_require={
-        'test': ['pytest>=8'],
+        'test': ['pytest>=8', 'pytest-xdist>=3.8'],
         'eval': ['rouge-score==0.1.2', 'matplotlib>=3.8', 'tensorboard>=2.21,<2.22'],
     },
     entry_points={
