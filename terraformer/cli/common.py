@@ -190,4 +190,21 @@ def run(prog, argv, define_flags, body, precheck=None):
     print(f'{prog}: error: {_first_line(e)}', file=sys.stderr)
   except errors.TerraformerError as e:
     print(f'{prog}: error: {_first_line(e)}', file=sys.stderr)
+  except Exception as e:  # pylint: disable=broad-except
+    # Trax re-raises errors of a layer's init or forward as a LayerError
+    # whose text holds the original one: a TerraformerError there (e.g. a
+    # pooling ratio that is not a power of 2) is still the user's error.
+    message = wrapped_user_error(e)
+    if message is None:
+      raise
+    print(f'{prog}: error: {message}', file=sys.stderr)
   return EXIT_USAGE
+
+
+def wrapped_user_error(error):
+  """The message of a TerraformerError inside Trax's LayerError, or None."""
+  marker = 'terraformer.errors.TerraformerError: '
+  for line in str(error).splitlines():
+    if marker in line:
+      return line.split(marker, 1)[1].strip()
+  return None

@@ -35,7 +35,8 @@ last slice) and padding are masked (the paper does not say; masking keeps
 the layer independent of the padding). N need not be a multiple of L: the
 last slice is padded with masked positions.
 
-Predict mode (causal only) decodes token by token: a ring buffer of the last
+Predict mode (causal only) decodes token by token, each example at its own
+position (so a per-example prefill works): a ring buffer of the last
 e + L keys and values (without P_l: its key term is added per window
 position), the running sum of the current slice's local outputs, the global
 keys/values of the finished slices and the global output of the current
@@ -224,57 +225,66 @@ class CompositeSliceAttention(tl.Layer):
     return jnp.swapaxes(ys, 0, 1)
 
   def _predict_step(self, weights, state, x):
-    """One position x [B, D]: (new state, y [B, D])."""
+    """One position x [B, D]: (new state, y [B, D]).
+
+    Every example keeps its own position counter, so a prefill that stops at
+    a different length per example (`PerExamplePrefill`) decodes each one
+    as its own sequence.
+    """
     wq, bq, wk, bk, wv, bv, wo, bo, p_local, p_global = weights
     idx, ring_k, ring_v, ring_pos, slice_sum, g_keys, g_values, g_out = state
     big_l, left = self._slice_len, self._left
     size = left + big_l
     d = x.shape[-1]
+    rows_b = jnp.arange(x.shape[0])
     scale = 1.0 / jnp.sqrt(d // self._n_heads).astype(x.dtype)
-    s, p = idx // big_l, idx % big_l
+    s, p = idx // big_l, idx % big_l                        # [B]
     q = (x + p_local[left + p]) @ wq + bq
     slot = idx % size
-    ring_k = jax.lax.dynamic_update_slice_in_dim(
-        ring_k, (x @ wk + bk)[:, None], slot, axis=1)
-    ring_v = jax.lax.dynamic_update_slice_in_dim(
-        ring_v, (x @ wv + bv)[:, None], slot, axis=1)
-    ring_pos = jax.lax.dynamic_update_slice_in_dim(ring_pos, idx[None], slot,
-                                                   axis=0)
-    window_index = ring_pos - (s * big_l - left)            # row of P_l
-    valid = (ring_pos >= 0) & (window_index >= 0)           # [R]
+    ring_k = ring_k.at[rows_b, slot].set(x @ wk + bk)
+    ring_v = ring_v.at[rows_b, slot].set(x @ wv + bv)
+    ring_pos = ring_pos.at[rows_b, slot].set(idx)
+    window_index = ring_pos - (s * big_l - left)[:, None]   # row of P_l
+    valid = (ring_pos >= 0) & (window_index >= 0)           # [B, R]
     qh = self._heads(q)                                     # [B, H, dh]
     content = jnp.einsum('bhd,brhd->bhr', qh, self._heads(ring_k))
     # q·(P_l W_k) = (W_k q)·P_l: the key's position term, O(D²) per step.
     q_back = jnp.einsum('bhd,ehd->bhe', qh, self._heads(wk))
-    rows = p_local[jnp.clip(window_index, 0, size - 1)]     # [R, D]
-    dots = (content + jnp.einsum('bhe,re->bhr', q_back, rows)) * scale
-    attn = _softmax_masked(dots, valid[None, None, :])
+    rows = p_local[jnp.clip(window_index, 0, size - 1)]     # [B, R, D]
+    dots = (content + jnp.einsum('bhe,bre->bhr', q_back, rows)) * scale
+    attn = _softmax_masked(dots, valid[:, None, :])
     local = self._merge(jnp.einsum('bhr,brhd->bhd', attn,
                                    self._heads(ring_v))) @ wo + bo
     y = local
     if self._use_global:
       y = y + g_out
       slice_sum = slice_sum + local
+      done = p == big_l - 1                                 # [B]
 
       def finish_slice(operands):
         slice_sum, g_keys, g_values, g_out = operands
         summary = slice_sum / big_l
-        positioned = summary + p_global[jnp.minimum(s, self._max_slices - 1)]
-        g_keys = jax.lax.dynamic_update_slice_in_dim(
-            g_keys, (positioned @ wk + bk)[:, None], s, axis=1)
-        g_values = jax.lax.dynamic_update_slice_in_dim(
-            g_values, (summary @ wv + bv)[:, None], s, axis=1)
+        at = jnp.minimum(s, self._max_slices - 1)
+        positioned = summary + p_global[at]
+        new_keys = g_keys.at[rows_b, at].set(positioned @ wk + bk)
+        new_values = g_values.at[rows_b, at].set(summary @ wv + bv)
         g_q = self._heads(positioned @ wq + bq)
         g_dots = jnp.einsum('bhd,buhd->bhu', g_q,
-                            self._heads(g_keys)) * scale
-        seen = jnp.arange(self._max_slices) <= s
-        g_attn = _softmax_masked(g_dots, seen[None, None, :])
-        g_out = self._merge(jnp.einsum('bhu,buhd->bhd', g_attn,
-                                       self._heads(g_values))) @ wo + bo
-        return jnp.zeros_like(slice_sum), g_keys, g_values, g_out
+                            self._heads(new_keys)) * scale
+        seen = jnp.arange(self._max_slices)[None, :] <= s[:, None]
+        g_attn = _softmax_masked(g_dots, seen[:, None, :])
+        new_out = self._merge(jnp.einsum('bhu,buhd->bhd', g_attn,
+                                         self._heads(new_values))) @ wo + bo
+
+        def pick(new, old):
+          return jnp.where(done.reshape((-1,) + (1,) * (new.ndim - 1)),
+                           new, old)
+        return (pick(jnp.zeros_like(slice_sum), slice_sum),
+                pick(new_keys, g_keys), pick(new_values, g_values),
+                pick(new_out, g_out))
 
       slice_sum, g_keys, g_values, g_out = jax.lax.cond(
-          p == big_l - 1, finish_slice, lambda operands: operands,
+          jnp.any(done), finish_slice, lambda operands: operands,
           (slice_sum, g_keys, g_values, g_out))
     state = (idx + 1, ring_k, ring_v, ring_pos, slice_sum, g_keys, g_values,
              g_out)
@@ -295,10 +305,10 @@ class CompositeSliceAttention(tl.Layer):
       batch, dtype = signature.shape[0], signature.dtype
       size = self._left + self._slice_len
       self.state = (
-          jnp.zeros((), jnp.int32),
+          jnp.zeros((batch,), jnp.int32),                   # positions
           jnp.zeros((batch, size, d), dtype),               # ring keys
           jnp.zeros((batch, size, d), dtype),               # ring values
-          jnp.full((size,), -1, jnp.int32),                 # their positions
+          jnp.full((batch, size), -1, jnp.int32),           # their positions
           jnp.zeros((batch, d), dtype),                     # Σ local, slice
           jnp.zeros((batch, self._max_slices, d), dtype),   # global keys
           jnp.zeros((batch, self._max_slices, d), dtype),   # global values

@@ -41,10 +41,13 @@ from trax import fastmath
 from trax import layers as tl
 from trax.layers.research import efficient_attention
 
+from terraformer.errors import TerraformerError
+from terraformer.layers.blockwise_attention import BlockwiseAttentionCore
+from terraformer.layers.composite_slice_attention import CompositeSliceAttention
 from terraformer.layers.sparse_qkv_attention import SparseQKV
 
 _REPLAY = 'replay'
-ATTENTION_TYPES = ('full', 'lsh')
+ATTENTION_TYPES = ('full', 'lsh', 'blockwise', 'cst')
 
 
 class LSHCore(efficient_attention.PureLSHSelfAttention):
@@ -213,14 +216,20 @@ def SelfAttention(d_model, n_heads, attention_type='full',
                   attention_sparsity=0, attention_kernel_size=3, causal=True,
                   dropout=0.0, lsh_chunk_len=128, lsh_n_hashes=1,
                   lsh_n_buckets=None, predict_mem_len=2048,
-                  predict_drop_len=256, lsh_eval_seed=0, mode='train'):
+                  predict_drop_len=256, lsh_eval_seed=0, mode='train',
+                  block_len=512, cst_slice_len=32, cst_extension=3,
+                  max_len=2048):
   """Self-attention: causal `(x, lengths) -> y`, bidirectional `(x, mask) -> y`.
 
   Args:
     d_model: width of x and y.
     n_heads: number of heads with dense projections; sparse QKV has
       `attention_sparsity` heads (one per module, §3.2).
-    attention_type: 'full' or 'lsh'.
+    attention_type: 'full', 'lsh', 'blockwise' (bidirectional only: each
+      token attends to its block of `block_len`, Pyramidion §3.2) or 'cst'
+      (composite slice attention, `CompositeSliceAttention`: slices of
+      `cst_slice_len`, extension α = `cst_extension`; dense Q/K/V shared by
+      its local and global parts, so not with `attention_sparsity`).
     attention_sparsity: S > 0: sparse QKV with S modules; 0: dense.
     attention_kernel_size: sparse QKV convolution size F.
     causal: decoder (causal, with the encoder lengths of the module
@@ -235,10 +244,29 @@ def SelfAttention(d_model, n_heads, attention_type='full',
     predict_drop_len: positions LSH drops when its cache is full.
     lsh_eval_seed: LSH hashing key in eval and predict (None: random).
     mode: 'train', 'eval' or 'predict'.
+    block_len: 'blockwise' block length.
+    cst_slice_len: 'cst' slice length L.
+    cst_extension: 'cst' slice extension α (1, 2 or 3).
+    max_len: 'cst' longest sequence (rows of its global position table).
   """
   if attention_type not in ATTENTION_TYPES:
-    raise ValueError(f'attention_type must be one of {ATTENTION_TYPES}, got '
-                     f'{attention_type!r}')
+    raise TerraformerError(f'attention_type must be one of {ATTENTION_TYPES}, '
+                           f'got {attention_type!r}')
+  if attention_type == 'blockwise' and causal:
+    raise TerraformerError("attention_type='blockwise' is an encoder "
+                           "(bidirectional) attention; decoders take 'full', "
+                           "'lsh' or 'cst'")
+  if attention_type == 'cst':
+    if attention_sparsity:
+      raise TerraformerError(
+          "attention_type='cst' has its own dense Q/K/V (shared by the local "
+          "and global attentions, CST App. A.3); set attention_sparsity=0")
+    cst = CompositeSliceAttention(
+        d_model, n_heads, cst_slice_len, cst_extension, causal=causal,
+        max_len=max_len, dropout=dropout, mode=mode)
+    if causal:                                   # x lengths
+      return PerExamplePrefill(cst, mode)
+    return cst                                   # x mask
   if attention_sparsity:
     heads = attention_sparsity
     projections = SparseQKV(d_model, attention_sparsity,
@@ -274,6 +302,8 @@ def SelfAttention(d_model, n_heads, attention_type='full',
                 attention_dropout=dropout, eval_seed=lsh_eval_seed),
         tl.MergeHeads(heads),
     ]
+  elif attention_type == 'blockwise':
+    core = BlockwiseAttentionCore(heads, block_len)   # q k v mask
   elif causal:
     core = [                                     # q k v lengths
         tl.Parallel(split, split, split),

@@ -139,7 +139,8 @@ class SuccessiveHalvingTopK(tl.Layer):
   """(E [B, n, d], v [B, n], mask [B, n]) -> (pooled [B, k, d], mask [B, k]).
 
   The operator of Algorithm 1 as a weightless layer; the scores come from a
-  scorer (see `RepresentationPooling`).
+  scorer (see `RepresentationPooling`). A sequence of n <= k passes
+  unchanged (nothing to pool: shorter inputs than the schedule expects).
   """
 
   def __init__(self, k, peaked=True, base=PEAKED_BASE, sort=True,
@@ -156,6 +157,8 @@ class SuccessiveHalvingTopK(tl.Layer):
 
   def forward(self, inputs):
     vectors, scores, mask = inputs
+    if vectors.shape[1] <= self._k:
+      return vectors, mask
     pooled, _, pooled_mask, _ = successive_halving_topk(
         vectors, scores, self._k, mask, self._peaked, self._base, self._sort,
         self._keep_order)
@@ -204,3 +207,28 @@ def RepresentationPooling(k, peaked=True, base=PEAKED_BASE, sort=True,
       tl.Branch([], LinearScorer(sigmoid=peaked)),   # x v mask
       SuccessiveHalvingTopK(k, peaked, base, sort, keep_order),
       name=f'RepresentationPooling_{k}')
+
+
+def pooling_schedule(encoder_pooling, n_encoder_layers):
+  """An encoder pooling schedule {layer: k} -> [(layer, k)] sorted by layer.
+
+  As the reference code's `--enc-layers-and-token-width`: pool to k after
+  encoder block `layer` (0-based). TerraformerError on a layer outside the
+  encoder or lengths that do not shrink with depth.
+  """
+  if not encoder_pooling:
+    return []
+  schedule = sorted(dict(encoder_pooling).items())
+  lengths = [k for _, k in schedule]
+  for layer, k in schedule:
+    if not (isinstance(layer, int) and 0 <= layer < n_encoder_layers):
+      raise TerraformerError(
+          f'encoder_pooling: layer {layer!r} is not an encoder block index '
+          f'(0..{n_encoder_layers - 1})')
+    if not (isinstance(k, int) and k > 0):
+      raise TerraformerError(f'encoder_pooling: length {k!r} after layer '
+                             f'{layer} is not a positive integer')
+  if any(a <= b for a, b in zip(lengths, lengths[1:])):
+    raise TerraformerError(f'encoder_pooling: lengths must shrink with '
+                           f'depth, got {dict(schedule)}')
+  return schedule

@@ -44,13 +44,20 @@ attention_module_kernel_size other than 3.
 import gin
 from trax import layers as tl
 
+from terraformer.errors import TerraformerError
 from terraformer.layers import SparseFF
 from terraformer.layers import SparseLogits
 from terraformer.layers import SparseQKV
 from terraformer.layers import SparseQKVAttention
+from terraformer.layers.blockwise_attention import BlockwiseSelfAttention
+from terraformer.layers.composite_slice_attention import CompositeSliceAttention
 from terraformer.layers.prefix_attention import PrefixCausalAttention
+from terraformer.layers.successive_halving_topk import RepresentationPooling
+from terraformer.layers.successive_halving_topk import pooling_schedule
 
 ENCODER_ATTENTIONS = ('causal', 'bidirectional')
+LM_ATTENTION_TYPES = ('full', 'cst')
+ENCODER_ATTENTION_TYPES = ('full', 'blockwise', 'cst')
 
 
 @gin.configurable(module='terraformer')
@@ -59,7 +66,8 @@ def ScalingTransformerLM(vocab_size=32000, d_model=512, d_ff=2048, n_layers=6,
                          d_lowrank=64, ff_temperature=0.1, ff_quant_prob=0.3,
                          attention_sparsity=0, attention_kernel_size=3,
                          attention_module_kernel_size=3, loss_sparsity=0,
-                         mode='train'):
+                         attention_type='full', cst_slice_len=32,
+                         cst_extension=3, mode='train'):
   """Decoder-only Scaling Transformer: tokens [batch, len] -> logits.
 
   Trax's `ConfigurableTransformerLM`: ShiftRight, embedding, dropout,
@@ -67,11 +75,17 @@ def ScalingTransformerLM(vocab_size=32000, d_model=512, d_ff=2048, n_layers=6,
   blocks, LayerNorm, Dense (or the sparse loss layer).
   `attention_module_kernel_size`: width of the Q/K convolutions across
   modules (Trax: 3; None: `attention_kernel_size`, an F x F kernel).
+  `attention_type`: 'full' or 'cst' (causal composite slice attention of
+  the Composite Slice Transformer, slices of `cst_slice_len`, extension
+  α = `cst_extension`; its Q/K/V are dense, so not with attention_sparsity).
   """
+  _check_choice('attention_type', attention_type, LM_ATTENTION_TYPES)
   sublayers = _Sublayers(d_model, d_ff, n_heads, dropout, max_len, ff_sparsity,
                          d_lowrank, ff_temperature, ff_quant_prob,
                          attention_sparsity, attention_kernel_size,
-                         attention_module_kernel_size, mode)
+                         attention_module_kernel_size, mode,
+                         attention_type=attention_type,
+                         cst=(cst_slice_len, cst_extension))
   return tl.Serial(
       tl.ShiftRight(mode=mode),
       _Embedder(vocab_size, d_model, dropout, max_len, mode),
@@ -92,7 +106,10 @@ def ScalingTransformer(input_vocab_size=32000, output_vocab_size=None,
                        encoder_attention_sparsity=None,
                        sparse_encoder_attention='causal',
                        cross_attention_sparsity=None, loss_sparsity=0,
-                       mode='train'):
+                       encoder_attention_type='full', block_len=512,
+                       cst_slice_len=32, cst_extension=3,
+                       encoder_pooling=None, pooling_peaked=True,
+                       pooling_sort=True, mode='train'):
   """Encoder-decoder Scaling Transformer (the paper's T5-like 800M model).
 
   (input tokens, target tokens) -> (logits, target tokens). In predict mode
@@ -117,10 +134,26 @@ def ScalingTransformer(input_vocab_size=32000, output_vocab_size=None,
                              (multiplicative layer + 3 x 3 causal convolution)
                              and no output layer; keys and values stay dense
                              (computed once per input, cached in predict).
+
+  Long inputs (dense encoder attention only):
+    `encoder_attention_type`  'full', 'blockwise' (blocks of `block_len`,
+                              Pyramidion §3.2) or 'cst' (bidirectional
+                              composite slice attention, L = cst_slice_len,
+                              α = cst_extension);
+    `encoder_pooling`         {layer: k}: after encoder block `layer`
+                              (0-based) a linear scorer and the successive
+                              halving top-k operator pool the sequence to k
+                              (Transpooler: the last layer; Pyramidion: more
+                              entries); the cross-attention reads the last k
+                              (`RepresentationPooling`; `pooling_peaked`,
+                              `pooling_sort`). Inputs of at most k pass.
   """
+  _check_choice('encoder_attention_type', encoder_attention_type,
+                ENCODER_ATTENTION_TYPES)
   if sparse_encoder_attention not in ENCODER_ATTENTIONS:
     raise ValueError(f'sparse_encoder_attention must be one of '
                      f'{ENCODER_ATTENTIONS}, got {sparse_encoder_attention!r}')
+  pooling = dict(pooling_schedule(encoder_pooling, n_encoder_layers))
   if encoder_attention_sparsity is None:
     encoder_attention_sparsity = attention_sparsity
   if cross_attention_sparsity is None:
@@ -133,9 +166,16 @@ def ScalingTransformer(input_vocab_size=32000, output_vocab_size=None,
   encoder_mode = 'eval' if mode == 'predict' else mode
   ff = (ff_sparsity, d_lowrank, ff_temperature, ff_quant_prob)
   attention = (attention_kernel_size, attention_module_kernel_size)
+  if encoder_attention_type != 'full' and encoder_attention_sparsity:
+    raise TerraformerError(
+        f"encoder_attention_type={encoder_attention_type!r} takes dense Q/K/V;"
+        f" set encoder_attention_sparsity=0 (sparse QKV encoders: 'full')")
   encoder_sublayers = _Sublayers(d_model, d_ff, n_heads, dropout, max_len,
                                  *ff, encoder_attention_sparsity, *attention,
-                                 encoder_mode)
+                                 encoder_mode,
+                                 attention_type=encoder_attention_type,
+                                 cst=(cst_slice_len, cst_extension),
+                                 block_len=block_len)
   decoder_sublayers = _Sublayers(d_model, d_ff, n_heads, dropout, max_len,
                                  *ff, attention_sparsity, *attention, mode,
                                  cross_attention_sparsity)
@@ -148,8 +188,9 @@ def ScalingTransformer(input_vocab_size=32000, output_vocab_size=None,
           _Embedder(input_vocab_size, d_model, dropout, max_len, encoder_mode,
                     shared_embedding),
           tl.PaddingMask()),                     # vec_e mask_e
-      [_EncoderBlock(encoder_sublayers, encoder_attention)
-       for _ in range(n_encoder_layers)],
+      [[_EncoderBlock(encoder_sublayers, encoder_attention),
+        _Pooling(pooling.get(i), pooling_peaked, pooling_sort)]
+       for i in range(n_encoder_layers)],        # vec_e mask_e (pooled)
       tl.LayerNorm(),                            # vec_e mask_e
   )
   return tl.Serial(                              # tok_e tok_d
@@ -174,7 +215,8 @@ class _Sublayers:
   def __init__(self, d_model, d_ff, n_heads, dropout, max_len, ff_sparsity,
                d_lowrank, ff_temperature, ff_quant_prob, attention_sparsity,
                attention_kernel_size, attention_module_kernel_size, mode,
-               cross_attention_sparsity=0):
+               cross_attention_sparsity=0, attention_type='full',
+               cst=(32, 3), block_len=512):
     self.d_model, self.d_ff, self.n_heads = d_model, d_ff, n_heads
     self.dropout, self.max_len, self.mode = dropout, max_len, mode
     self.ff_sparsity, self.d_lowrank = ff_sparsity, d_lowrank
@@ -183,6 +225,16 @@ class _Sublayers:
     self.kernel_size = attention_kernel_size
     self.module_kernel_size = attention_module_kernel_size
     self.cross_attention_sparsity = cross_attention_sparsity
+    self.attention_type, self.cst, self.block_len = attention_type, cst, block_len
+    if attention_type == 'cst' and attention_sparsity:
+      raise TerraformerError(
+          "attention_type='cst' has its own dense Q/K/V (shared by the local "
+          "and global attentions, CST App. A.3); set attention_sparsity=0")
+
+  def composite_slice_attention(self, causal):
+    return CompositeSliceAttention(
+        self.d_model, self.n_heads, *self.cst, causal=causal,
+        max_len=self.max_len, dropout=self.dropout, mode=self.mode)
 
   def dropout_layer(self):
     return tl.Dropout(rate=self.dropout, mode=self.mode)
@@ -200,6 +252,8 @@ class _Sublayers:
 
   def causal_attention(self):
     """x -> y."""
+    if self.attention_type == 'cst':
+      return self.composite_slice_attention(causal=True)
     if self.attention_sparsity:
       # Trax's MultiplicativeConvCausalAttention: S modules for Q/K/V, split
       # into n_heads heads for attention (the same when S == n_heads), no
@@ -225,6 +279,15 @@ class _Sublayers:
 
   def bidirectional_attention(self):
     """(x, mask) -> (y, mask)."""
+    if self.attention_type == 'blockwise':
+      return tl.Branch([tl.Parallel([], _FlatMask()),
+                        BlockwiseSelfAttention(self.d_model, self.n_heads,
+                                               self.block_len)],
+                       tl.Select([1], n_in=2))
+    if self.attention_type == 'cst':
+      return tl.Branch([tl.Parallel([], _FlatMask()),
+                        self.composite_slice_attention(causal=False)],
+                       tl.Select([1], n_in=2))
     if self.attention_sparsity:
       return SparseQKVAttention(self.d_model, self.attention_sparsity,
                                 self.kernel_size, self.dropout, self.mode)
@@ -255,6 +318,25 @@ class _Sublayers:
                          mode=self.mode),        # y mask
         output,
     )
+
+
+def _check_choice(name, value, choices):
+  if value not in choices:
+    raise TerraformerError(f'{name} must be one of {choices}, got {value!r}')
+
+
+def _FlatMask():
+  """tl.PaddingMask's [B, 1, 1, L] -> [B, L]."""
+  return tl.Fn('FlatMask', lambda mask: mask.reshape(mask.shape[0], -1))
+
+
+def _Pooling(k, peaked, sort):                   # vec_e mask_e
+  if k is None:
+    return []
+  return [tl.Parallel([], _FlatMask()),
+          RepresentationPooling(k, peaked, sort=sort),
+          tl.Parallel([], tl.Fn('PaddingMaskShape',
+                                lambda mask: mask[:, None, None, :]))]
 
 
 def _CachedInPredict(layer, mode):

@@ -76,6 +76,10 @@ from terraformer.layers.lsh_attention import SelfAttention
 from terraformer.layers.low_rank_sru import LowRankSRU
 from terraformer.layers.sparse_ff import SparseFF
 from terraformer.layers.sparse_logits import SparseLogits
+from terraformer.layers.successive_halving_topk import halving_rounds
+from terraformer.layers.successive_halving_topk import LinearScorer
+from terraformer.layers.successive_halving_topk import pooling_schedule
+from terraformer.layers.successive_halving_topk import successive_halving_topk
 
 POS_TYPES = ('fixed-base', 'sinusoidal')
 
@@ -91,7 +95,10 @@ def Terraformer(input_vocab_size=32000, output_vocab_size=None, d_model=512,
                 lsh_n_buckets=None, lsh_eval_seed=0, predict_mem_len=2048,
                 predict_drop_len=256, use_sru=True, d_sru=32,
                 pos_type='fixed-base', share_embeddings=True,
-                encoder_output_dense=True, reversible=True, mode='train'):
+                encoder_output_dense=True, encoder_pooling=None,
+                pooling_peaked=True, pooling_sort=True, block_len=512,
+                cst_slice_len=32, cst_extension=3, reversible=True,
+                mode='train'):
   """Terraformer: (inputs, targets) -> (logits, targets).
 
   Args:
@@ -108,8 +115,9 @@ def Terraformer(input_vocab_size=32000, output_vocab_size=None, d_model=512,
     d_lowrank: sparse FF controller bottleneck.
     ff_temperature: Gumbel-softmax temperature of the controller.
     ff_quant_prob: probability of the hard one-hot in training.
-    encoder_attention_type: 'full' or 'lsh'.
-    decoder_attention_type: 'full' or 'lsh'.
+    encoder_attention_type: 'full', 'lsh', 'blockwise' (blocks of
+      `block_len`) or 'cst' (composite slice attention).
+    decoder_attention_type: 'full', 'lsh' or 'cst' (causal).
     attention_sparsity: S > 0: sparse QKV with S modules (both stacks).
     attention_kernel_size: sparse QKV convolution size.
     loss_sparsity: S > 0: multiplicative final layer with S modules.
@@ -131,12 +139,26 @@ def Terraformer(input_vocab_size=32000, output_vocab_size=None, d_model=512,
       output_vocab_size is None (as Trax); False: two.
     encoder_output_dense: a Dense layer between the encoder's stream mean
       and its final LayerNorm (as Trax); False: none.
+    encoder_pooling: {layer: k}: after encoder block `layer` (0-based) the
+      representations are pooled to k by a linear scorer and the successive
+      halving top-k operator (Pyramidion, Pietruszka et al. §3-4; the
+      reference code's `--enc-layers-and-token-width`); the decoder reads
+      the last k. {n_encoder_layers - 1: k} is the Transpooler, more entries
+      a Pyramidion. An input of at most k tokens passes unpooled. None: no
+      pooling.
+    pooling_peaked: the reference code's peaked pairwise softmax (False: the
+      paper's plain softmax, App. B.3 eq. 6).
+    pooling_sort: sort before each tournament round (Algorithm 1).
+    block_len: 'blockwise' encoder attention block length.
+    cst_slice_len: 'cst' slice length L.
+    cst_extension: 'cst' slice extension α.
     reversible: reversible blocks (False: the same function with plain
       backpropagation, for comparisons).
     mode: 'train', 'eval' or 'predict'.
   """
   if pos_type not in POS_TYPES:
     raise ValueError(f'pos_type must be one of {POS_TYPES}, got {pos_type!r}')
+  pooling = pooling_schedule(encoder_pooling, n_encoder_layers)
   shared = share_embeddings and output_vocab_size is None
   output_vocab_size = output_vocab_size or input_vocab_size
   encoder_mode = 'eval' if mode == 'predict' else mode
@@ -150,11 +172,22 @@ def Terraformer(input_vocab_size=32000, output_vocab_size=None, d_model=512,
                 predict_mem_len=predict_mem_len,
                 predict_drop_len=predict_drop_len,
                 d_sru=d_sru if use_sru else 0, reversible=reversible,
-                store_decisions=reversible and mode != 'predict')
+                store_decisions=reversible and mode != 'predict',
+                block_len=block_len, cst_slice_len=cst_slice_len,
+                cst_extension=cst_extension)
   enc = _Sublayers(attention_type=encoder_attention_type, causal=False,
-                   mode=encoder_mode, **common)
+                   mode=encoder_mode, max_len=max_len, **common)
   dec = _Sublayers(attention_type=decoder_attention_type, causal=True,
-                   mode=mode, **common)
+                   mode=mode, max_len=predict_mem_len, **common)
+  blocks = [_EncoderBlock(enc) for _ in range(n_encoder_layers)]
+  encoder_blocks, start = [], 0
+  for layer, k in pooling:                       # x1 x2 mask_e
+    encoder_blocks += [
+        rev.ReversibleSerial(blocks[start:layer + 1], reversible=reversible),
+        StreamPooling(k, pooling_peaked, pooling_sort)]
+    start = layer + 1
+  encoder_blocks.append(
+      rev.ReversibleSerial(blocks[start:], reversible=reversible))
   in_embedding = tl.Embedding(input_vocab_size, d_model)
   out_embedding = (in_embedding if shared
                    else tl.Embedding(output_vocab_size, d_model))
@@ -164,9 +197,7 @@ def Terraformer(input_vocab_size=32000, output_vocab_size=None, d_model=512,
                           encoder_mode),
                 _TokenMask()),                   # vec_e mask_e
       tl.Dup(),                                  # vec_e vec_e mask_e
-      rev.ReversibleSerial(
-          [_EncoderBlock(enc) for _ in range(n_encoder_layers)],
-          reversible=reversible),                # x1 x2 mask_e
+      encoder_blocks,                            # x1 x2 mask_e (pooled)
       _StreamMean(),                             # vec_e mask_e
       tl.Dense(d_model) if encoder_output_dense else [],
       tl.LayerNorm(),                            # vec_e mask_e
@@ -201,7 +232,7 @@ class _Sublayers:
                attention_sparsity, attention_kernel_size, lsh_chunk_len,
                lsh_n_hashes, lsh_n_buckets, lsh_eval_seed, predict_mem_len,
                predict_drop_len, d_sru, reversible, store_decisions, causal,
-               mode):
+               mode, block_len, cst_slice_len, cst_extension, max_len):
     self.__dict__.update(locals())
     del self.__dict__['self']
 
@@ -219,7 +250,8 @@ class _Sublayers:
         self.attention_sparsity, self.attention_kernel_size, self.causal,
         self.dropout, self.lsh_chunk_len, self.lsh_n_hashes,
         self.lsh_n_buckets, self.predict_mem_len, self.predict_drop_len,
-        seed, self.mode)
+        seed, self.mode, self.block_len, self.cst_slice_len,
+        self.cst_extension, self.max_len)
     return self.half_residual(tl.Parallel(tl.LayerNorm(), []), attention,
                               self.dropout_layer())
 
@@ -249,6 +281,40 @@ class _Sublayers:
           tl.Add())
     return self.half_residual(tl.Branch(ff_path, [tl.LayerNorm(), sru]),
                               tl.Add())
+
+
+class StreamPooling(tl.Layer):
+  """(x1, x2, mask) -> the same, pooled to k positions (Pyramidion §3.1).
+
+  A linear scorer reads the mean of the two residual streams; the successive
+  halving top-k operator (Algorithm 1) pools both streams with the same
+  pair weights, so the pooled mean is the pooled input mean. Order, padding
+  and the peaked/plain forms: `successive_halving_topk`. A sequence of at
+  most k positions passes unchanged. Between reversible segments: its
+  activations are stored, not recomputed.
+  """
+
+  def __init__(self, k, peaked=True, sort=True):
+    super().__init__(n_in=3, n_out=3, name=f'StreamPooling_{k}')
+    self._k, self._peaked, self._sort = k, peaked, sort
+    self._sublayers = (LinearScorer(sigmoid=peaked),)
+
+  def forward(self, inputs):
+    x1, x2, mask = inputs
+    if x1.shape[1] <= self._k:
+      return x1, x2, mask
+    scores, _ = self.sublayers[0].pure_fn((x1 + x2) / 2.0, self.weights[0],
+                                          self.state[0], self.rng)
+    halving_rounds(x1.shape[1], self._k)         # the clear error, if any
+    both, _, pooled_mask, _ = successive_halving_topk(
+        jnp.concatenate([x1, x2], axis=-1), scores, self._k, mask,
+        self._peaked, sort=self._sort)
+    d = x1.shape[-1]
+    return both[..., :d], both[..., d:], pooled_mask
+
+  def init_weights_and_state(self, input_signature):
+    weights, state = self.sublayers[0].init(input_signature[0])
+    self.weights, self.state = (weights,), (state,)
 
 
 def _EncoderBlock(s):                            # x1 x2 mask
