@@ -6,6 +6,7 @@ import pytest
 from trax import shapes
 
 from terraformer import compat
+from terraformer.errors import TerraformerError
 from terraformer.layers import LSHCore
 from terraformer.layers import SelfAttention
 
@@ -136,5 +137,5 @@ def test_gradients_flow_through_replayed_lsh():
 
 
 def test_bad_attention_type():
-  with pytest.raises(ValueError, match='attention_type'):
+  with pytest.raises(TerraformerError, match='attention_type'):
     SelfAttention(32, 4, 'linear')
