@@ -52,6 +52,14 @@ from trax.layers import initializers as init
 from terraformer.errors import TerraformerError
 
 
+def check_dense_qkv(attention_sparsity):
+  """CST projects Q/K/V itself (dense, shared by its two attentions)."""
+  if attention_sparsity:
+    raise TerraformerError(
+        "attention_type='cst' has its own dense Q/K/V (shared by the local "
+        "and global attentions, CST App. A.3); set attention_sparsity=0")
+
+
 def _softmax_masked(dots, valid):
   dots = jnp.where(valid, dots, jnp.full_like(dots, -1e9))
   return jax.nn.softmax(dots, axis=-1)

@@ -43,6 +43,7 @@ from trax.layers.research import efficient_attention
 
 from terraformer.errors import TerraformerError
 from terraformer.layers.blockwise_attention import BlockwiseAttentionCore
+from terraformer.layers.composite_slice_attention import check_dense_qkv
 from terraformer.layers.composite_slice_attention import CompositeSliceAttention
 from terraformer.layers.sparse_qkv_attention import SparseQKV
 
@@ -257,10 +258,7 @@ def SelfAttention(d_model, n_heads, attention_type='full',
                            "(bidirectional) attention; decoders take 'full', "
                            "'lsh' or 'cst'")
   if attention_type == 'cst':
-    if attention_sparsity:
-      raise TerraformerError(
-          "attention_type='cst' has its own dense Q/K/V (shared by the local "
-          "and global attentions, CST App. A.3); set attention_sparsity=0")
+    check_dense_qkv(attention_sparsity)
     cst = CompositeSliceAttention(
         d_model, n_heads, cst_slice_len, cst_extension, causal=causal,
         max_len=max_len, dropout=dropout, mode=mode)

@@ -50,6 +50,7 @@ from terraformer.layers import SparseLogits
 from terraformer.layers import SparseQKV
 from terraformer.layers import SparseQKVAttention
 from terraformer.layers.blockwise_attention import BlockwiseSelfAttention
+from terraformer.layers.composite_slice_attention import check_dense_qkv
 from terraformer.layers.composite_slice_attention import CompositeSliceAttention
 from terraformer.layers.prefix_attention import PrefixCausalAttention
 from terraformer.layers.successive_halving_topk import RepresentationPooling
@@ -226,10 +227,8 @@ class _Sublayers:
     self.module_kernel_size = attention_module_kernel_size
     self.cross_attention_sparsity = cross_attention_sparsity
     self.attention_type, self.cst, self.block_len = attention_type, cst, block_len
-    if attention_type == 'cst' and attention_sparsity:
-      raise TerraformerError(
-          "attention_type='cst' has its own dense Q/K/V (shared by the local "
-          "and global attentions, CST App. A.3); set attention_sparsity=0")
+    if attention_type == 'cst':
+      check_dense_qkv(attention_sparsity)
 
   def composite_slice_attention(self, causal):
     return CompositeSliceAttention(

@@ -76,7 +76,6 @@ from terraformer.layers.lsh_attention import SelfAttention
 from terraformer.layers.low_rank_sru import LowRankSRU
 from terraformer.layers.sparse_ff import SparseFF
 from terraformer.layers.sparse_logits import SparseLogits
-from terraformer.layers.successive_halving_topk import halving_rounds
 from terraformer.layers.successive_halving_topk import LinearScorer
 from terraformer.layers.successive_halving_topk import pooling_schedule
 from terraformer.layers.successive_halving_topk import successive_halving_topk
@@ -305,7 +304,6 @@ class StreamPooling(tl.Layer):
       return x1, x2, mask
     scores, _ = self.sublayers[0].pure_fn((x1 + x2) / 2.0, self.weights[0],
                                           self.state[0], self.rng)
-    halving_rounds(x1.shape[1], self._k)         # the clear error, if any
     both, _, pooled_mask, _ = successive_halving_topk(
         jnp.concatenate([x1, x2], axis=-1), scores, self._k, mask,
         self._peaked, sort=self._sort)
