@@ -20,6 +20,7 @@ setuptools.setup(
         'sentencepiece>=0.2,<0.3',
         'aclsum==0.1.2',
         'tqdm>=4.66',
+        'orbax-checkpoint>=0.12.4,<0.13',
     ],
     extras_require={
         'test': ['pytest>=8', 'pytest-xdist>=3.8'],

@@ -2,10 +2,14 @@
 
 `train` is gin-configurable as `terraformer.train` (a bare `train.` selector
 is ambiguous: Trax registers `trax.supervised.trainer_lib.train` too). Loop
-writes checkpoints (`model.pkl.gz`, ...) and TensorBoard event files
-(`train/`, `eval/`) into `output_dir`, and resumes from the checkpoint there.
+writes TensorBoard event files (`train/`, `eval/`) into `output_dir`;
+checkpoints are crash-safe (`terraformer.checkpoints`): `_CheckpointedLoop`
+replaces Loop's `save_checkpoint`/`load_checkpoint` and resumes exactly (the
+weights, state, optimizer slots, rng, step and data position of the newest
+verified checkpoint), and stops at the first non-finite loss or gradient norm.
 """
 import itertools
+import math
 import os
 import shutil
 import time
@@ -16,9 +20,11 @@ import numpy as np
 from trax import layers as tl
 from trax import optimizers
 from trax.supervised import callbacks as trax_callbacks
+from trax.supervised import history as trax_history
 from trax.supervised import lr_schedules
 from trax.supervised import training
 
+from terraformer import checkpoints
 from terraformer import compat
 from terraformer import errors
 from terraformer import finetune
@@ -56,6 +62,156 @@ def _first_batch(stream_fn, name, n_devices):
 def _every(n, last):
   """Step predicate: every `n` steps (never if `n` is falsy) and at `last`."""
   return lambda step: bool(n) and step % n == 0 or step == last
+
+
+def _leaves(tree):
+  return jax.tree_util.tree_leaves(tree)
+
+
+def _like(template, leaves):
+  """`leaves` in the tree structure of `template`."""
+  return jax.tree_util.tree_unflatten(
+      jax.tree_util.tree_structure(template), leaves)
+
+
+def _first_non_finite(loss, stats):
+  """(name, value) of the first non-finite of loss and gradient norm."""
+  for name, value in (('loss', loss),
+                      ('gradient norm', stats.get('gradients_l2'))):
+    if value is not None and not math.isfinite(float(np.mean(value))):
+      return name, float(np.mean(value))
+  return None
+
+
+class _CheckpointedLoop(training.Loop):
+  """Trax's Loop with crash-safe checkpoints, exact resume, a NaN guard.
+
+  Overrides `Loop.save_checkpoint`/`load_checkpoint` (trax/supervised/
+  training.py): a checkpoint is committed whole by `checkpoints.
+  CheckpointStore` with the Loop's rng and the number of batches consumed,
+  and Trax's `model.pkl.gz` is written next to it in one atomic file.
+  `_run_one_step` stops at the first non-finite loss or gradient norm
+  (before that step's checkpoint), or with `skip_non_finite` restores the
+  weights and slots of before the step and counts it.
+  """
+
+  def __init__(self, *args, store, skip_non_finite=False, **kwargs):
+    self._store = store
+    self._skip_non_finite = skip_non_finite
+    self.batches_consumed = 0  # Train batches used: the stream position.
+    self.skipped_steps = 0  # Non-finite steps skipped (skip_non_finite).
+    super().__init__(*args, **kwargs)
+
+  def _train_state(self):
+    """name -> numpy array of everything a resume needs."""
+    parts = {'weights': self._model.weights, 'state': self._model.state,
+             'eval_state': self._eval_model.state}
+    for i, trainer in enumerate(self._trainer_per_task):
+      parts[f'slots{i}'] = trainer.slots
+    arrays = {f'{part}_{j:05d}': np.asarray(leaf)
+              for part, tree in parts.items()
+              for j, leaf in enumerate(_leaves(tree))}
+    arrays['rng'] = np.asarray(self._rng)
+    return arrays
+
+  def _set_train_state(self, arrays):
+    def part(name, template):
+      return _like(template, [arrays[f'{name}_{j:05d}']
+                              for j in range(len(_leaves(template)))])
+    weights = part('weights', self._model.weights)
+    self.update_weights_and_state(weights, part('state', self._model.state))
+    self._eval_model.weights = self._model.weights
+    self._eval_model.state = part('eval_state', self._eval_model.state)
+    for i, trainer in enumerate(self._trainer_per_task):
+      trainer.slots = part(f'slots{i}', trainer.slots)
+    self._rng = jax.numpy.asarray(arrays['rng'])
+
+  def load_checkpoint(self, directory=None, filename=None):
+    if directory or filename or self._output_dir is None:
+      return super().load_checkpoint(directory, filename)
+    shapes = {k: (v.shape, v.dtype) for k, v in self._train_state().items()}
+    restored = self._store.restore(shapes)
+    if restored is None:
+      self._load_trax_checkpoint()
+      return
+    step, arrays, meta = restored
+    self._set_train_state(arrays)
+    self._step = step
+    self.batches_consumed = meta['batches_consumed']
+    self.skipped_steps = meta['skipped_steps']
+    self._history = trax_history.History.from_dict(meta['history'])
+
+  def _load_trax_checkpoint(self):
+    """Resumes from a Trax-only `model.pkl.gz` (written before checkpoints/)."""
+    path = os.path.join(self._output_dir, 'model.pkl.gz')
+    if not os.path.isfile(path):
+      return
+    flat = checkpoints.read_trax_checkpoint(path)['flat_weights']
+    n_model = len(_leaves(self._model.weights))
+    if len(flat) != n_model:
+      raise errors.TerraformerError(
+          f'checkpoint {path} has {len(flat)} weight arrays, the model '
+          f'{n_model}: use another --output_dir for another model')
+    super().load_checkpoint()
+    self.batches_consumed = self._step
+    print(f'Resumed from Trax checkpoint {path} (no stream position or rng '
+          'saved: resume is not exact)', flush=True)
+
+  def save_checkpoint(self, basename):
+    if self._output_dir is None:
+      return
+    if basename == 'model':
+      self._store.save(self.step, self._train_state(), {
+          'batches_consumed': self.batches_consumed,
+          'skipped_steps': self.skipped_steps,
+          'history': self._history.to_dict()})
+    try:
+      checkpoints.write_trax_checkpoint(
+          os.path.join(self._output_dir, f'{basename}.pkl.gz'),
+          self._trax_checkpoint())
+    except OSError as e:
+      raise errors.TerraformerError(
+          f'cannot write {basename}.pkl.gz in {self._output_dir} ('
+          f'{"disk full" if checkpoints.is_disk_full(e) else e}); partial '
+          'file removed, the previous one kept') from None
+
+  def _trax_checkpoint(self):
+    """The dict of Loop.save_checkpoint, weights and slots inline."""
+    flat_weights, flat_state = tl.flatten_weights_and_state(
+        self._model.weights, self._model.state)
+    _, flat_eval_state = tl.flatten_weights_and_state(
+        self._model.weights, self._eval_model.state)
+    slots = [self._to_bits(training._flatten_and_remove_empty(t.slots))  # pylint: disable=protected-access
+             for t in self._trainer_per_task]
+    return {'step': self.step,
+            'flat_weights': self._to_bits(flat_weights),
+            'flat_state': flat_state, 'flat_eval_state': flat_eval_state,
+            'history': self._history.to_dict(), 'slots_per_task': slots,
+            'input_signature': self._batch_signature[:self._model.n_in],
+            'version_timestamp': 'Mar-10-2021'}
+
+  def _run_one_step(self, task_index, task_changed):
+    trainer = self._trainer_per_task[task_index]
+    if self._skip_non_finite:
+      before = (self._model.weights, self._model.state, trainer.slots)
+      if self.n_devices > 1:  # The multi-device update donates its inputs.
+        before = jax.tree_util.tree_map(np.array, before)
+    loss, stats = super()._run_one_step(task_index, task_changed)
+    self.batches_consumed += 1
+    bad = _first_non_finite(loss, stats)
+    if bad and not self._skip_non_finite:
+      last = self._store.steps()
+      raise errors.TerraformerError(
+          f'non-finite {bad[0]} ({bad[1]}) at step {self.step}: training '
+          f'stopped, nothing saved for this step; last checkpoint: '
+          f'{f"step {last[0]}" if last else "none"}')
+    if bad:
+      self.skipped_steps += 1
+      self.update_weights_and_state(*before[:2])
+      trainer.slots = before[2]
+      print(f'Skipped step {self.step}: non-finite {bad[0]} ({bad[1]}); '
+            f'{self.skipped_steps} skipped so far', flush=True)
+    return loss, stats
 
 
 class _Progress(trax_callbacks.TrainingStepCallback):
@@ -103,6 +259,25 @@ class _Progress(trax_callbacks.TrainingStepCallback):
       self._done, self._time = step, now
 
 
+def _remove_broken_data_counters(output_dir):
+  """Removes unreadable Trax `data_counters*.pkl` (Loop would crash on them).
+
+  Trax 1.4.1 rewrote them in place at each save; a kill could leave them
+  empty. They count `trax.data` pipelines, which our streams do not use.
+  """
+  if not os.path.isdir(output_dir):
+    return
+  for name in os.listdir(output_dir):
+    path = os.path.join(output_dir, name)
+    if name.startswith('data_counters') and name.endswith('.pkl'):
+      try:
+        training.unpickle_from_file(path)
+      except Exception:  # pylint: disable=broad-except
+        os.remove(path)
+        print(f'Removed {path}: unreadable (left by an interrupted Trax '
+              'save; unused here)', flush=True)
+
+
 def model_reference():
   """The gin reference bound to `terraformer.train.model` (e.g. @Terraformer)."""
   try:
@@ -133,7 +308,9 @@ def train(output_dir,
           random_seed=None,
           use_memory_efficient_trainer=False,
           callbacks=(),
-          init_checkpoint=None):
+          init_checkpoint=None,
+          keep_checkpoints=2,
+          skip_non_finite=False):
   """Trains `model` to `steps` total steps, resuming from `output_dir`.
 
   Args:
@@ -149,7 +326,8 @@ def train(output_dir,
     eval_every: evaluate at step 1, every this many steps and at the end.
     eval_batches: number of eval batches averaged per evaluation; the first
       `eval_batches` of `eval_stream`, the same ones at every evaluation.
-    checkpoint_every: save `model.pkl.gz` every this many steps and at the end.
+    checkpoint_every: commit a checkpoint (`checkpoints/<step>/` and
+      `model.pkl.gz`) every this many steps and at the end.
     permanent_checkpoint_every: also keep `model_{step}.pkl.gz` this often.
     random_seed: seed for weight init and rngs; None: from the clock.
     use_memory_efficient_trainer: Loop's memory-efficient trainer.
@@ -158,6 +336,9 @@ def train(output_dir,
       its `model.pkl.gz`): its weights initialize the model, the optimizer
       state and step start fresh (§4.4). Ignored when `output_dir` has its
       own checkpoint: resuming takes precedence.
+    keep_checkpoints: committed checkpoints kept in `checkpoints/` (K).
+    skip_non_finite: on a NaN/Inf loss or gradient norm, undo that step and
+      count it instead of stopping with an error.
 
   Returns:
     The `trax.supervised.training.Loop` after training (`.step`, `.history`,
@@ -188,7 +369,9 @@ def train(output_dir,
     finetune.checkpoint_file(init_checkpoint)  # Fail before writing anything.
   fresh = not os.path.exists(output_dir)
   try:
-    loop = training.Loop(
+    _remove_broken_data_counters(output_dir)
+    store = checkpoints.CheckpointStore(output_dir, keep=keep_checkpoints)
+    loop = _CheckpointedLoop(
         train_model, [train_task], eval_model=eval_model,
         eval_tasks=[eval_task], output_dir=output_dir,
         eval_at=lambda s: s == 1 or _every(eval_every, steps)(s),
@@ -196,7 +379,8 @@ def train(output_dir,
         permanent_checkpoint_at=_every(permanent_checkpoint_every, None),
         random_seed=random_seed,
         use_memory_efficient_trainer=use_memory_efficient_trainer,
-        callbacks=[progress.attach] + list(callbacks))
+        callbacks=[progress.attach] + list(callbacks), store=store,
+        skip_non_finite=skip_non_finite)
     if init_checkpoint and not loop.step:
       n_loaded = finetune.init_weights(loop, init_checkpoint)
       print(f'Fine-tuning from {init_checkpoint}: loaded {n_loaded} weight '
@@ -206,9 +390,11 @@ def train(output_dir,
       shutil.rmtree(output_dir)
     raise
 
+  for _ in range(loop.batches_consumed):  # Where the checkpoint's data was.
+    next(train_batches)
   if loop.step:
-    print(f'Resuming from checkpoint at step {loop.step} in {output_dir}',
-          flush=True)
+    print(f'Resuming from checkpoint at step {loop.step} in {output_dir} '
+          f'({loop.batches_consumed} train batches skipped)', flush=True)
     if init_checkpoint:
       print(f'init_checkpoint {init_checkpoint} not loaded: resuming from the '
             'checkpoint in output_dir takes precedence', flush=True)

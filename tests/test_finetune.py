@@ -12,11 +12,11 @@ import gin
 import numpy as np
 import pytest
 from trax import fastmath
-from trax import layers as tl
 from trax import shapes
 from trax.supervised import callbacks
 from trax.supervised import lr_schedules
 
+from terraformer import checkpoints
 from terraformer import finetune
 from terraformer import training
 from terraformer.errors import TerraformerError
@@ -135,8 +135,8 @@ def test_fine_tuning_starts_from_the_checkpoint_weights(pretrained,
 
 @pytest.mark.slow
 def test_optimizer_state_starts_fresh(pretrained, finetuned):
-  saved = tl.np_from_file(str(pretrained[0] / 'model.opt_slots0.npy.gz'),
-                          compresslevel=2)
+  saved = checkpoints.read_trax_checkpoint(
+      str(pretrained[0] / 'model.pkl.gz'))['slots_per_task'][0]
   assert any(np.abs(s).sum() > 0 for s in saved)  # Pretraining's Adam moments.
   slots = finetuned['first_slots']
   assert len(slots) == len(saved)

@@ -1,0 +1,318 @@
+"""Crash-safe checkpoints: written whole, committed atomically, verified.
+
+A training checkpoint is an orbax-checkpoint step directory
+`<output_dir>/checkpoints/<step>/` with two items: `arrays` (a flat dict of
+numpy arrays: weights, model state, optimizer slots, the Loop's rng) and
+`meta` (JSON: step, batches consumed, array shapes, history). The protocol
+(Orbax's and t5x's: temporary path, rename, then a marker written last):
+
+  1. orbax writes the step under a temporary name and renames it when whole;
+  2. every file and directory in it is fsynced;
+  3. `COMMITTED` (holding the step) is written, fsynced, and the step
+     directory and its parent are fsynced. Only a step with this marker
+     exists for `restore`.
+
+On start (`CheckpointStore.__init__`) leftovers of interrupted saves (orbax
+temporaries, steps without the marker, `*.tmp-*` / Trax `*._tmp_` files) are
+removed, one line each. `restore` takes the newest committed step whose
+marker, JSON and every array read back in full and agree on the step, with
+shapes equal to the model's; a damaged one is reported in one line, moved to
+`checkpoints.damaged/` (kept for inspection) and the previous one is tried.
+
+Trax's `model.pkl.gz` (read by `init_checkpoint`, terraformer-decode/eval and
+Trax's `Loop.load_checkpoint`) is written too, as one self-contained file
+(flat weights and slots inline: the older Loop format that Trax still reads),
+by `atomic_write`: a temporary file, fsync, rename over the old one, fsync of
+the directory. Readers see the old or the new file, never a mix.
+"""
+import errno
+import gzip
+import json
+import os
+import pickle
+import shutil
+import sys
+import time
+
+import numpy as np
+
+from terraformer import errors
+
+CHECKPOINTS = 'checkpoints'
+DAMAGED = 'checkpoints.damaged'
+MARKER = 'COMMITTED'
+_TMP = '.tmp-'  # Infix of the temporary files of `atomic_write`.
+
+
+def report(message):
+  """One line on stdout (a training log line, not an error)."""
+  print(message, flush=True)
+
+
+def fsync(path):
+  """Flushes a file or directory to disk."""
+  fd = os.open(path, os.O_RDONLY)
+  try:
+    os.fsync(fd)
+  finally:
+    os.close(fd)
+
+
+def fsync_tree(root):
+  """fsyncs every file and directory under `root`, `root` last."""
+  for folder, _, files in os.walk(root, topdown=False):
+    for name in files:
+      fsync(os.path.join(folder, name))
+    fsync(folder)
+
+
+def atomic_write(path, write):
+  """Calls `write(binary file)` on a temporary file, then renames it to `path`.
+
+  The file is fsynced before the rename and the directory after it; on any
+  error the temporary file is removed and the error re-raised.
+  """
+  folder = os.path.dirname(os.path.abspath(path))
+  tmp = f'{path}{_TMP}{os.getpid()}'
+  try:
+    with open(tmp, 'wb') as f:
+      write(f)
+      f.flush()
+      os.fsync(f.fileno())
+    os.replace(tmp, path)
+  except BaseException:
+    if os.path.exists(tmp):
+      os.remove(tmp)
+    raise
+  fsync(folder)
+
+
+def write_trax_checkpoint(path, checkpoint):
+  """Writes a Loop checkpoint dict (inline weights) to `path` atomically."""
+  def write(f):
+    with gzip.GzipFile(fileobj=f, mode='wb', compresslevel=2) as gz:
+      pickle.dump(checkpoint, gz, protocol=pickle.HIGHEST_PROTOCOL)
+  atomic_write(path, write)
+
+
+def _read_arrays(path):
+  """All arrays of a Trax `.npy.gz` file; raises if it ends mid-array.
+
+  Trax's `np_from_file` stops at the first error, so a truncated file reads
+  as a shorter list; here any incomplete array is an error.
+  """
+  arrays = []
+  with gzip.open(path, 'rb') as f:
+    while f.peek(1):
+      arrays.append(np.load(f, allow_pickle=False))
+  return arrays
+
+
+def read_trax_checkpoint(path):
+  """The dict of a Loop `.pkl.gz` checkpoint, `flat_weights` read in full.
+
+  Raises TerraformerError naming the file that is missing, truncated or
+  damaged (`path` or its `.weights.npy.gz`).
+  """
+  part = path
+  try:
+    with gzip.open(path, 'rb') as f:
+      checkpoint = pickle.load(f)
+    if not isinstance(checkpoint, dict) or 'flat_weights' not in checkpoint:
+      raise ValueError('no flat_weights: not a Trax Loop checkpoint')
+    if isinstance(checkpoint['flat_weights'], int):  # Separate file.
+      part = path[:-len('.pkl.gz')] + '.weights.npy.gz'
+      checkpoint['flat_weights'] = _read_arrays(part)
+  except FileNotFoundError:
+    raise errors.TerraformerError(
+        f'checkpoint file {part} is missing') from None
+  except (OSError, EOFError, ValueError, pickle.UnpicklingError,
+          AttributeError, ImportError, IndexError, TypeError,
+          MemoryError) as e:
+    raise errors.TerraformerError(
+        f'checkpoint file {part} is damaged or truncated '
+        f'({type(e).__name__}: {_first_line(e)})') from None
+  return checkpoint
+
+
+def _first_line(error):
+  return (str(error).strip().splitlines() or [''])[0][:200]
+
+
+def is_disk_full(error):
+  """Whether `error` (or what it wraps) is 'no space left on device'."""
+  while error is not None:
+    if getattr(error, 'errno', None) == errno.ENOSPC or (
+        'No space left on device' in str(error)):
+      return True
+    error = error.__cause__ or error.__context__
+  return False
+
+
+def _shapes(arrays):
+  return {k: [list(np.shape(v)), str(np.dtype(v.dtype))]
+          for k, v in sorted(arrays.items())}
+
+
+def _json_safe(value):
+  return json.loads(json.dumps(value, default=float))
+
+
+class CheckpointStore:
+  """The committed training checkpoints of one output directory."""
+
+  def __init__(self, output_dir, keep=2):
+    import orbax.checkpoint as ocp  # pylint: disable=g-import-not-at-top
+    self._ocp = ocp
+    self.output_dir = output_dir
+    self.directory = os.path.join(output_dir, CHECKPOINTS)
+    self.keep = keep
+    self.last_step = None  # Newest committed step (after restore/save).
+    self._remove_leftovers()
+    self._manager = None
+
+  def _manager_(self):
+    if self._manager is None:
+      os.makedirs(self.directory, exist_ok=True)
+      options = self._ocp.CheckpointManagerOptions(
+          max_to_keep=self.keep, enable_async_checkpointing=False,
+          create=True)
+      self._manager = self._ocp.CheckpointManager(
+          self.directory, options=options)
+    return self._manager
+
+  def _remove_leftovers(self):
+    """Removes what interrupted saves left: nothing of it was committed."""
+    leftovers = []
+    if os.path.isdir(self.directory):
+      for name in os.listdir(self.directory):
+        path = os.path.join(self.directory, name)
+        if not (name.isdigit() and os.path.isfile(
+            os.path.join(path, MARKER))):
+          leftovers.append(path)
+    if os.path.isdir(self.output_dir):
+      leftovers += [os.path.join(self.output_dir, name)
+                    for name in os.listdir(self.output_dir)
+                    if _TMP in name or name.endswith('._tmp_')]
+    for path in sorted(leftovers):
+      if os.path.isdir(path):
+        shutil.rmtree(path)
+      else:
+        os.remove(path)
+      report(f'Removed {path}: left by an interrupted save (not committed)')
+
+  def steps(self):
+    """Committed steps, newest first."""
+    if not os.path.isdir(self.directory):
+      return []
+    return sorted((int(n) for n in os.listdir(self.directory)
+                   if n.isdigit() and os.path.isfile(
+                       os.path.join(self.directory, n, MARKER))),
+                  reverse=True)
+
+  def save(self, step, arrays, meta):
+    """Commits checkpoint `step`: `arrays` (name -> numpy array) and `meta`.
+
+    On any error (disk full included) the partial step is removed, the
+    previous checkpoints are kept, and a TerraformerError says so.
+    """
+    ocp = self._ocp
+    meta = _json_safe(dict(meta, step=step, shapes=_shapes(arrays)))
+    path = os.path.join(self.directory, str(step))
+    try:
+      manager = self._manager_()
+      if os.path.exists(path):  # A step re-done after a damaged one.
+        shutil.rmtree(path)
+        manager.reload()
+      manager.save(step, force=True, args=ocp.args.Composite(
+          arrays=ocp.args.StandardSave(arrays),
+          meta=ocp.args.JsonSave(meta)))
+      manager.wait_until_finished()
+      fsync_tree(path)
+      atomic_write(os.path.join(path, MARKER),
+                   lambda f: f.write(f'{step}\n'.encode()))
+      fsync(self.directory)
+    except Exception as e:  # pylint: disable=broad-except
+      self._abort(step, e)
+    self.last_step = step
+
+  def _abort(self, step, error):
+    """Removes the partial step `step` and raises one TerraformerError."""
+    self._manager = None
+    for name in (os.listdir(self.directory)
+                 if os.path.isdir(self.directory) else []):
+      if name.split('.')[0] == str(step) and not os.path.isfile(
+          os.path.join(self.directory, name, MARKER)):
+        shutil.rmtree(os.path.join(self.directory, name), ignore_errors=True)
+    what = ('disk full' if is_disk_full(error)
+            else f'{type(error).__name__}: {_first_line(error)}')
+    kept = (f'last good checkpoint: step {self.steps()[0]}' if self.steps()
+            else 'no earlier checkpoint')
+    raise errors.TerraformerError(
+        f'cannot save the checkpoint of step {step} in {self.directory} '
+        f'({what}); partial files removed, {kept}') from None
+
+  def restore(self, shapes):
+    """(step, arrays, meta) of the newest verified checkpoint, or None.
+
+    Args:
+      shapes: name -> (shape, dtype) of the arrays the model needs; a
+        checkpoint with other names or shapes is a TerraformerError (another
+        model), not damage.
+    """
+    want = _json_safe({k: [list(s), str(np.dtype(d))]
+                       for k, (s, d) in sorted(shapes.items())})
+    for step in self.steps():
+      path = os.path.join(self.directory, str(step))
+      try:
+        restored = self._read(step, path, want, shapes)
+      except errors.TerraformerError:
+        raise
+      except Exception as e:  # pylint: disable=broad-except
+        self._set_aside(step, path, e)
+        continue
+      self.last_step = step
+      return restored
+    return None
+
+  def _read(self, step, path, want, shapes):
+    """One checkpoint, verified; raises on damage (TerraformerError: model)."""
+    import jax  # pylint: disable=g-import-not-at-top
+    ocp = self._ocp
+    with open(os.path.join(path, MARKER)) as f:
+      marker_step = int(f.read())
+    manager = self._manager_()
+    manager.reload()
+    meta = manager.restore(step, args=ocp.args.Composite(
+        meta=ocp.args.JsonRestore()))['meta']
+    if not marker_step == meta['step'] == step:
+      raise ValueError(f'steps differ: directory {step}, marker '
+                       f'{marker_step}, meta {meta["step"]}')
+    if meta['shapes'] != want:
+      names = sorted(set(meta['shapes']) | set(want))
+      first = next(n for n in names
+                   if meta['shapes'].get(n) != want.get(n))
+      raise errors.TerraformerError(
+          f'checkpoint {path} does not match the model: {first}: checkpoint '
+          f'{meta["shapes"].get(first)} vs model {want.get(first)}; use '
+          'another --output_dir for another model')
+    abstract = {k: jax.ShapeDtypeStruct(tuple(s), np.dtype(d))
+                for k, (s, d) in shapes.items()}
+    arrays = manager.restore(step, args=ocp.args.Composite(
+        arrays=ocp.args.StandardRestore(abstract)))['arrays']
+    for name, (shape, _) in shapes.items():
+      if tuple(np.shape(arrays[name])) != tuple(shape):
+        raise ValueError(f'{name} read back with shape '
+                         f'{np.shape(arrays[name])}, not {tuple(shape)}')
+    return step, {k: np.asarray(v) for k, v in arrays.items()}, meta
+
+  def _set_aside(self, step, path, error):
+    aside = os.path.join(self.output_dir, DAMAGED,
+                         f'{step}-{time.strftime("%Y%m%d-%H%M%S")}')
+    os.makedirs(os.path.dirname(aside), exist_ok=True)
+    os.replace(path, aside)
+    fsync(self.directory)
+    self._manager = None
+    print(f'Checkpoint step {step} in {self.directory} is damaged '
+          f'({type(error).__name__}: {_first_line(error)}); moved to {aside}, '
+          'trying the previous one', file=sys.stderr, flush=True)
