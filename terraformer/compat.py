@@ -6,6 +6,11 @@ name; tests use `undo(name)` to show that the bug comes back without the fix.
 """
 import functools
 import importlib
+import importlib.abc
+import importlib.machinery
+import inspect
+import sys
+import types
 
 import jax
 import numpy as np
@@ -17,6 +22,70 @@ def _install(name, owner, attr, new):
   """Replaces `owner.attr` by `new`, remembering the original for `undo`."""
   _APPLIED.setdefault(name, []).append((owner, attr, owner.__dict__[attr]))
   setattr(owner, attr, new)
+
+
+# Fix 0: the time `import trax` takes.
+#
+# `trax.layers.assert_shape.assert_shape`, a class decorator used ~65 times
+# while `trax.layers` is imported, calls `inspect.stack()` each time only to
+# name its caller's file and line. `inspect.stack()` reads the source of every
+# frame on the (deep, import-machinery) stack and, for each frozen frame, scans
+# all of `sys.modules` (thousands of modules with TensorFlow): `import trax`
+# took 86-102 s instead of 13-14 s on the loaded 2-core CPU, in every CLI and
+# test process. Fix: that module alone sees an `inspect` whose `stack()`
+# returns the frames without reading sources (Trax uses only `[1][0]`, the
+# caller's frame, and reads its line with `getframeinfo`). It must be in place
+# before Trax is imported: `import terraformer` installs it (an import hook for
+# that one module); once Trax is imported it does nothing.
+ASSERT_SHAPE_MODULE = 'trax.layers.assert_shape'
+
+
+class _InspectWithoutSources(types.ModuleType):
+  """`inspect`, but `stack()` lists frames without reading their sources."""
+
+  def __init__(self):
+    super().__init__('inspect')
+
+  def __getattr__(self, name):
+    return getattr(inspect, name)
+
+  @staticmethod
+  def stack(context=1):
+    del context  # No source lines: only the frames are used.
+    frame, frames = sys._getframe(1), []  # pylint: disable=protected-access
+    while frame is not None:
+      frames.append(inspect.FrameInfo(frame, frame.f_code.co_filename,
+                                      frame.f_lineno, frame.f_code.co_name,
+                                      None, None))
+      frame = frame.f_back
+    return frames
+
+
+class _AssertShapeImportHook(importlib.abc.MetaPathFinder):
+  """Gives `trax.layers.assert_shape` `_InspectWithoutSources` on import."""
+
+  def find_spec(self, name, path, target=None):
+    if name != ASSERT_SHAPE_MODULE:
+      return None
+    spec = importlib.machinery.PathFinder.find_spec(name, path, target)
+    if spec is None or spec.loader is None:
+      return spec
+    exec_module = spec.loader.exec_module
+
+    def exec_with_fast_stack(module):
+      exec_module(module)
+      module.inspect = _InspectWithoutSources()
+
+    spec.loader.exec_module = exec_with_fast_stack
+    return spec
+
+
+def speed_up_trax_import():
+  """Installs the import hook of fix 0 (idempotent; no-op after Trax)."""
+  if ASSERT_SHAPE_MODULE in sys.modules:
+    return
+  if not any(isinstance(f, _AssertShapeImportHook) for f in sys.meta_path):
+    sys.meta_path.insert(0, _AssertShapeImportHook())
 
 
 # Fix 1: restoring a checkpoint.

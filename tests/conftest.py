@@ -4,6 +4,7 @@ pytest (prepend import mode) puts the folder of every conftest.py on sys.path,
 so this file makes the helpers in tests/ (e.g. `import peak_rss`) importable
 from the test files in its subfolders too.
 """
+import terraformer  # noqa: F401  Installs compat fix 0 before tests import Trax.
 
 # The longest files start first, so that with `pytest -n 2 --dist loadfile`
 # (scripts/test.sh) they do not end up alone at the end of the run.

@@ -264,3 +264,29 @@ def test_stop_gradient_of_python_numbers():
 def test_lsh_decoding_runs():
   out = _lsh_decode_steps()
   assert out.shape == (1, 5, 8) and np.isfinite(out).all()
+
+
+def test_trax_import_reads_no_frame_sources():
+  """Fix 0: `import trax` after `import terraformer` reads one source line per
+  `assert_shape` use (not every frame of the import stack), and Trax's shape
+  assertions still name the file and line that defined them."""
+  code = textwrap.dedent('''
+      import inspect, json
+      calls = [0]
+      findsource = inspect.findsource
+      def counting_findsource(*args, **kwargs):
+        calls[0] += 1
+        return findsource(*args, **kwargs)
+      inspect.findsource = counting_findsource
+      import terraformer
+      from trax import layers as tl
+      messages = [getattr(layer, '_message', '') for layer in tl.Relu().sublayers]
+      print(json.dumps({'calls': calls[0], 'messages': messages}))
+  ''')
+  out = subprocess.run([sys.executable, '-c', code], capture_output=True,
+                       text=True, timeout=600, check=True)
+  result = json.loads(out.stdout.strip().splitlines()[-1])
+  # ~65 assert_shape uses, one caller line each; ~4000 without the fix.
+  assert result['calls'] < 200, result['calls']
+  assert any(m.startswith('Defined at ') and 'activation_fns.py:' in m
+             for m in result['messages']), result['messages']
