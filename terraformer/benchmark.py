@@ -1,7 +1,7 @@
 """terraformer-bench: decoding speed of gin-configured models, side by side.
 
 Each model is one gin configuration (one or more files composed, plus the
-common bindings); `decode_speed.benchmark` times it. This module turns gin
+common bindings); `decode_speed.benchmark_all` times it. This module turns gin
 configurations into models, builds Trax 1.4.1's reference model with the
 same settings (`trax.models.research.configurable_transformer`, the code the
 paper's speed figures come from), runs the d_model sweep and formats tables.
@@ -14,6 +14,7 @@ import gin
 import numpy as np
 
 from terraformer import decode_speed
+from terraformer import decode_step
 from terraformer import errors
 from terraformer import training
 
@@ -71,18 +72,53 @@ def _base_overrides(kwargs, kwarg):
   return overrides
 
 
-def spec_from_gin(name):
-  """ModelSpec of the model in the parsed gin config (built now)."""
+def _fit_overrides(kwargs, kwarg, fit_blocks):
+  """Keyword overrides of a model cut to `fit_blocks` decoder blocks.
+
+  The encoder is dropped (0 blocks: embedding and norm only), since
+  decoding steps read only its cached output, whose shape does not depend
+  on its depth.
+  """
+  overrides = {kwarg: fit_blocks}
+  if 'n_encoder_layers' in kwargs:
+    overrides['n_encoder_layers'] = 0
+  return overrides
+
+
+def spec_from_gin(name, fit_blocks=None):
+  """ModelSpec of the model in the parsed gin config (built now).
+
+  With `fit_blocks`, the model is built with that many decoder blocks and
+  no encoder blocks (see `project`).
+  """
   model_fn, _, kwargs = configured_model()
-  n_blocks = n_blocks_of(kwargs)
-  model = model_fn(mode='predict')
-  decode_speed.check_model(model)
-  base = None
   kwarg = decode_speed.blocks_kwarg(model_fn) or next(
       (k for k in decode_speed.BLOCK_KWARGS if k in kwargs), None)
+  overrides = {}
+  if fit_blocks is not None:
+    if not kwarg:
+      raise errors.TerraformerError(
+          f'--project_layers: {name} has no decoder-blocks argument '
+          f'({" or ".join(decode_speed.BLOCK_KWARGS)})')
+    overrides = _fit_overrides(kwargs, kwarg, fit_blocks)
+    kwargs = dict(kwargs, **overrides)
+  n_blocks = n_blocks_of(kwargs)
+  model = model_fn(mode='predict', **overrides)
+  decode_step.check_model(model)
+  base = None
   if kwarg and n_blocks:
-    base = model_fn(mode='predict', **_base_overrides(kwargs, kwarg))
+    base = model_fn(mode='predict', **dict(
+        overrides, **_base_overrides(kwargs, kwarg)))
   return decode_speed.ModelSpec(name, model, base, n_blocks)
+
+
+def paper_seconds():
+  """`PAPER_DECODE_SECONDS` of the parsed gin config (the paper's s/token of
+  that model), or None."""
+  try:
+    return float(gin.query_parameter('%PAPER_DECODE_SECONDS'))
+  except (ValueError, TypeError):
+    return None
 
 
 # ---------------------------------------------------------------------------
@@ -158,7 +194,8 @@ def trax_spec_from_gin(name):
 
 
 def run(configs, parse, tokens=32, prompt_len=16, repeats=5, seed=0,
-        compare_trax=False, memory_budget=None, log=print):
+        compare_trax=False, memory_budget=None, log=print,
+        project_layers=None, fit_blocks=1):
   """Benchmarks each configuration (and Trax's reference for it) in one run.
 
   Models are timed with `decode_speed.benchmark_all`: the repeats of models
@@ -174,18 +211,30 @@ def run(configs, parse, tokens=32, prompt_len=16, repeats=5, seed=0,
     compare_trax: also time Trax's reference model of each configuration.
     memory_budget: bytes of models held at once (see time_models).
     log: progress messages.
+    project_layers: for models too large to hold: build each with
+      `fit_blocks` decoder blocks and no encoder blocks, and project its
+      ms/token and bytes to `project_layers` decoder blocks (`project`).
+    fit_blocks: see above.
 
   Returns:
     dict: bandwidth_gbps (GEMV, median), bandwidth_gbps_max, settings and
     models: one result per configuration (see `decode_speed.benchmark_all`),
     with `config`, `speedup` (first model's ms/token over this one's),
-    `speedup_per_block` and, with compare_trax, `trax` (the reference's
-    result), `speedup_over_trax` and `speedup_over_trax_per_block`.
+    `speedup_per_block`, `paper_seconds` (the config's
+    PAPER_DECODE_SECONDS or None), with compare_trax, `trax` (the
+    reference's result), `speedup_over_trax` and
+    `speedup_over_trax_per_block`, and with project_layers the `projected_*`
+    fields of `project`.
   """
-  specs = []
+  if project_layers is not None and compare_trax:
+    raise errors.TerraformerError(
+        '--project_layers and --compare_trax cannot be combined')
+  specs, papers = [], []
   for name, config in configs:  # Builds (and so checks) every model first.
     parse(config, [])
-    specs.append(spec_from_gin(name))
+    papers.append(paper_seconds())
+    specs.append(spec_from_gin(
+        name, None if project_layers is None else fit_blocks))
     if compare_trax:
       specs.append(trax_spec_from_gin('trax: ' + name))
   bandwidth, bandwidth_max = decode_speed.gemv_bandwidth()
@@ -202,6 +251,9 @@ def run(configs, parse, tokens=32, prompt_len=16, repeats=5, seed=0,
   for k, (name, config) in enumerate(configs):
     result = timed[step * k]
     result['config'] = config
+    result['paper_seconds'] = papers[k]
+    if project_layers is not None:
+      project(result, project_layers)
     if compare_trax:
       trax = result['trax'] = timed[step * k + 1]
       result['speedup_over_trax'] = (trax['ms_per_token'] /
@@ -212,8 +264,36 @@ def run(configs, parse, tokens=32, prompt_len=16, repeats=5, seed=0,
     results.append(result)
   for result in results:
     _add_speedups(result, results[0])
+    if project_layers is not None:
+      result['projected_speedup'] = (results[0]['projected_ms_per_token'] /
+                                     result['projected_ms_per_token'])
+  if project_layers is not None:
+    settings.update(project_layers=project_layers, fit_blocks=fit_blocks)
   return {'bandwidth_gbps': bandwidth, 'bandwidth_gbps_max': bandwidth_max,
           'settings': settings, 'models': results}
+
+
+def project(result, n_layers):
+  """Adds a result's figures projected to `n_layers` decoder blocks.
+
+  projected = (model without decoder blocks) + n_layers x (per block), for
+  ms/token and bytes/token; the measured model had `result['n_blocks']`
+  blocks and no encoder blocks (decoding steps never run the encoder).
+  """
+  if not result.get('ms_per_block'):
+    raise errors.TerraformerError(
+        f"--project_layers: no per-block time for {result['name']}")
+  bytes_no_blocks = (result['bytes_per_token'] -
+                     result['n_blocks'] * result['bytes_per_block'])
+  result['projected_layers'] = n_layers
+  result['projected_ms_per_token'] = (result['ms_no_blocks'] +
+                                      n_layers * result['ms_per_block'])
+  result['projected_bytes_per_token'] = (bytes_no_blocks +
+                                         n_layers * result['bytes_per_block'])
+  if result.get('bandwidth_gbps'):
+    result['projected_bound_ms_per_token'] = (
+        1e3 * result['projected_bytes_per_token'] /
+        (result['bandwidth_gbps'] * 1e9))
 
 
 def _add_speedups(result, baseline):
@@ -278,6 +358,45 @@ def format_table(report):
       f" bound = bytes read per token / {report['bandwidth_gbps']:.1f} GB/s "
       '(GEMV, measured in this run); ms/block and MB/block: (model - model '
       'without decoder blocks) / blocks')
+  return '\n'.join(lines)
+
+
+PROJECTION_HEADER = (
+    'model', 'measured: blocks', 'ms/token', 'ms/block', 'ms no blocks',
+    'MB/block', 'projected: ms/token', 'MB/token', 'bound ms', 'x bound',
+    'speedup', 'paper: s/token', 'speedup')
+
+
+def format_projection(report):
+  """The results of `run(..., project_layers=L)` as a text table."""
+  models = report['models']
+  paper0 = models[0].get('paper_seconds')
+  rows = [list(PROJECTION_HEADER)]
+  for r in models:
+    paper = r.get('paper_seconds')
+    bound = r.get('projected_bound_ms_per_token')
+    rows.append([
+        r['name'], str(r['n_blocks']), f"{r['ms_per_token']:.1f}",
+        f"{r['ms_per_block']:.2f}", f"{r['ms_no_blocks']:.1f}",
+        f"{r['bytes_per_block'] / 1e6:.1f}",
+        f"{r['projected_ms_per_token']:.1f}",
+        f"{r['projected_bytes_per_token'] / 1e6:.0f}", _f(bound, '.1f'),
+        _f(None if not bound else r['projected_ms_per_token'] / bound, '.2f'),
+        f"{r['projected_speedup']:.2f}x", _f(paper, '.3f'),
+        _f(paper0 / paper if paper and paper0 else None, '.2f')])
+  widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+  lines = ['  '.join(c.ljust(w) if i == 0 else c.rjust(w)
+                     for i, (c, w) in enumerate(zip(row, widths))).rstrip()
+           for row in rows]
+  s = report['settings']
+  lines.append(
+      f"measured: each model with {s['fit_blocks']} decoder block(s), no "
+      f"encoder blocks, and without decoder blocks (ms no blocks), batch 1, "
+      f"{s['tokens']} tokens after a {s['prompt_len']}-token input, "
+      f"{s['repeats']} repeats; projected: ms no blocks + "
+      f"{s['project_layers']} x ms/block (bytes likewise); bound = bytes / "
+      f"{report['bandwidth_gbps']:.1f} GB/s (GEMV, this run); paper: "
+      'PAPER_DECODE_SECONDS of the gin config')
   return '\n'.join(lines)
 
 

@@ -8,21 +8,10 @@ the bytes of weights and caches a step reads and turns them into a bound,
 sparse model is fast because it reads few bytes, and an implementation is
 good when it runs close to that bound.
 
-The fast decoding step, reusable by any decoder (`terraformer.decoding`):
-
-  step = make_step(model)                  # jitted, state donated
-  outputs, state = step(x, weights, state, rng)
-
-`FastPredict(model, weights, state)` wraps it as `outputs = fast(x)`. The
-state passed in is consumed (its buffers are donated: caches update in place),
-so never reuse a state after passing it to `step`.
-
-Any model following the project's predict contract works: enc-dec models
-(`n_in == 2`) are called with `(inputs [1, L], prev_token [1, 1])`, the first
-call running the encoder; decoder-only LMs with `prev_token [1, 1]`.
+The step timed is `terraformer.decode_step.make_step`, the one decoding
+uses; this module gives it random weights, times it and counts its bytes.
 """
 import collections
-import copy
 import gc
 import inspect
 import time
@@ -32,12 +21,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from trax import layers as tl
-from trax import shapes
 from trax.layers import attention as trax_attention
 from trax.layers import combinators as trax_combinators
 from trax.layers import core as trax_core
 
-from terraformer import errors
+from terraformer import decode_step
 from terraformer.layers.prefix_attention import PrefixCausalAttention
 from terraformer.layers.prefix_attention import bucket_for
 from terraformer.layers.sparse_ff import SparseFF
@@ -46,82 +34,7 @@ from terraformer.layers.sparse_ff import SparseFF
 BLOCK_KWARGS = ('n_decoder_layers', 'n_layers')
 
 # ---------------------------------------------------------------------------
-# The jitted step.
-
-
-def make_step(model, donate_state=True):
-  """`step(x, weights, state, rng) -> (outputs, new_state)`, jitted.
-
-  One XLA computation per token for the whole model. With `donate_state`
-  the state's buffers are donated to the call: key/value caches and
-  convolution buffers are updated in place instead of copied every token,
-  and the state passed in must not be used again. `model` must hold weights
-  and state of the right tree structure (e.g. after `init`, or
-  `model.weights, model.state = weights, state`): Trax's `pure_fn` restores
-  them after the call.
-  """
-  jitted = jax.jit(model.pure_fn, donate_argnums=(2,) if donate_state else ())
-
-  def step(x, weights, state, rng):
-    with warnings.catch_warnings():
-      # The first call changes the state's structure (tl.Cache fills in),
-      # so some donated buffers cannot be reused there: expected.
-      warnings.filterwarnings('ignore', message='Some donated buffers')
-      return jitted(x, weights, state, rng)
-
-  step.jitted = jitted
-  return step
-
-
-class FastPredict:
-  """A predict-mode model called through one jitted, state-donating step.
-
-    fast = FastPredict(model, weights, state)
-    logits = fast(x)              # like model(x), state kept in fast.state
-
-  `weights` and `state` default to the model's own. The state given is
-  consumed: `FastPredict` owns it.
-  """
-
-  def __init__(self, model, weights=None, state=None, rng=None,
-               donate_state=True):
-    self.model = model
-    self.weights = model.weights if weights is None else weights
-    self.state = model.state if state is None else state
-    if weights is not None or state is not None:
-      model.weights, model.state = self.weights, self.state
-    self.rng = jax.random.PRNGKey(0) if rng is None else rng
-    self._step = make_step(model, donate_state)
-
-  def __call__(self, x):
-    outputs, self.state = self._step(x, self.weights, self.state, self.rng)
-    return outputs
-
-
-# ---------------------------------------------------------------------------
 # Shape-correct random weights, without running the initializers.
-
-
-def is_encoder_decoder(model):
-  return model.n_in >= 2
-
-
-def predict_signature(model, prompt_len=16, batch=1):
-  """Input signature of a predict-mode call: one token (and the prompt)."""
-  token = shapes.ShapeDtype((batch, 1), np.int32)
-  if is_encoder_decoder(model):
-    return (shapes.ShapeDtype((batch, prompt_len), np.int32), token)
-  return token
-
-
-def init_shapes(model, signature):
-  """(weights, state) of `model.init(signature)` as ShapeDtypeStruct trees.
-
-  Traced on a copy: `model` is untouched and no weight is computed.
-  """
-  scratch = copy.deepcopy(model)
-  return jax.eval_shape(
-      lambda: scratch.init(signature, rng=jax.random.PRNGKey(0)))
 
 
 def _run_once_mask(model, weights):
@@ -189,17 +102,6 @@ def weights_memory(weight_shapes, model=None):
       seen.add(key)
     total += _nbytes(leaf)
   return total
-
-
-def zero_state(state_shapes):
-  """Fresh predict-mode state from its shapes: empty caches are all zeros.
-
-  Every predict-mode state of Trax and of this project starts at zeros
-  (key/value caches, convolution buffers, position counters, tl.Cache's
-  empty slot); tests/test_decode_speed.py checks it against `model.init`.
-  """
-  return jax.tree_util.tree_map(lambda s: jnp.zeros(s.shape, s.dtype),
-                                state_shapes)
 
 
 # ---------------------------------------------------------------------------
@@ -341,11 +243,11 @@ class DecodeTimer:
   """
 
   def __init__(self, model, tokens=32, prompt_len=16, seed=0, shapes_=None):
-    check_model(model)
+    decode_step.check_model(model)
     self.model, self.tokens, self.seed = model, tokens, seed
-    self.encdec = is_encoder_decoder(model)
-    self.signature = predict_signature(model, prompt_len)
-    weight_shapes, self.state_shapes = shapes_ or init_shapes(
+    self.encdec = decode_step.is_encoder_decoder(model)
+    self.signature = decode_step.predict_signature(model, prompt_len)
+    weight_shapes, self.state_shapes = shapes_ or decode_step.init_shapes(
         model, self.signature)
     self.weights = random_weights(weight_shapes, seed, model)
     self.prompt = jnp.asarray(np.random.default_rng(seed).integers(
@@ -356,14 +258,14 @@ class DecodeTimer:
     model.weights = self.weights
     model.state = jax.tree_util.tree_map(
         lambda s: np.zeros((), s.dtype), self.state_shapes)
-    self._step = make_step(model).jitted
+    self._step = decode_step.make_step(model).jitted
     self.steady_state = None    # State shapes after the first call.
     self.first_position = None  # Decoder position of the first timed token.
 
   def _prime(self):
     """Empty caches + prompt; returns (state, first token to feed)."""
     step, weights, rng = self._step, self.weights, self.rng
-    state = zero_state(self.state_shapes)
+    state = decode_step.zero_state(self.state_shapes)
     token = jnp.zeros((1, 1), jnp.int32)
     if self.encdec:
       outputs, state = step((self.prompt, token), weights, state, rng)
@@ -459,8 +361,9 @@ def time_models(models, tokens=32, prompt_len=16, repeats=5, seed=0,
     memory_budget = 0.4 * available if available else float('inf')
   sizes, all_shapes = [], []
   for model in models:
-    check_model(model)
-    shapes_ = init_shapes(model, predict_signature(model, prompt_len))
+    decode_step.check_model(model)
+    shapes_ = decode_step.init_shapes(
+        model, decode_step.predict_signature(model, prompt_len))
     all_shapes.append(shapes_)
     sizes.append(weights_memory(shapes_[0], model) + _nbytes(shapes_[1]))
   groups, group, used = [], [], 0
@@ -599,15 +502,3 @@ def benchmark(spec, tokens=32, prompt_len=16, repeats=5, seed=0,
   """benchmark_all for one ModelSpec."""
   return benchmark_all([spec], tokens, prompt_len, repeats, seed,
                        bandwidth_gbps)[0]
-
-
-def check_model(model):
-  """Raises TerraformerError unless `model` looks like a predict-mode model."""
-  if not isinstance(model, tl.Layer):
-    raise errors.TerraformerError(
-        f'the model function returned {type(model).__name__}, not a Trax '
-        'layer')
-  if model.n_in not in (1, 2):
-    raise errors.TerraformerError(
-        f'cannot decode a model with {model.n_in} inputs: expected 1 '
-        '(decoder-only LM) or 2 (encoder-decoder)')

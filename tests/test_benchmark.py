@@ -135,15 +135,17 @@ def test_run_report_is_consistent(tmp_path):
                          prompt_len=3, repeats=2, log=lambda _: None)
   dense, sparse = report['models']
   assert [dense['name'], sparse['name']] == ['dense', 'sparse']
-  assert dense['speedup'] == 1.0  # Speedups are relative to the first model.
-  assert sparse['speedup'] == pytest.approx(
-      dense['ms_per_token'] / sparse['ms_per_token'])
+  # The faster model has the larger speedup over the first (dense) one.
+  assert (sparse['speedup'] > dense['speedup']) == (
+      sparse['ms_per_token'] < dense['ms_per_token'])
   for r in report['models']:
     assert r['n_blocks'] == 2
-    assert sum(r['bytes_by_layer'].values()) == pytest.approx(
-        r['bytes_per_token'])
-  # Sparse layers read fewer bytes per block.
+  # Only the sparse model has sparse FF layers; they, the sparse QKV and the
+  # sparse logits read fewer bytes per block and per token.
+  assert 'SparseFF' in sparse['bytes_by_layer']
+  assert 'SparseFF' not in dense['bytes_by_layer']
   assert sparse['bytes_per_block'] < dense['bytes_per_block']
+  assert sparse['bytes_per_token'] < dense['bytes_per_token']
   table = benchmark.format_table(report)
   assert table.splitlines()[0].split()[:3] == ['model', 'ms/token',
                                                '[min-max]']
@@ -176,4 +178,4 @@ def test_mirror_of_trax_sparse_ff_is_trax_layer():
     return any(find(s) for s in layer.sublayers)
 
   assert find(spec.model)
-  assert np.isfinite(spec.n_blocks)
+  assert spec.n_blocks == 2

@@ -2,7 +2,7 @@
 
   terraformer-bench --config_file=F [--config_file=G ...] [--config=BINDING]
       [--tokens=N] [--prompt_len=L] [--repeats=R] [--json=PATH]
-      [--compare_trax]
+      [--compare_trax] [--project_layers=L [--fit_blocks=B]]
   terraformer-bench --sweep [--config_file=DENSE --config_file=SPARSE]
       [--sweep_d_models=512,1024,2048,4096] [--plot=PATH] [--json=PATH]
 
@@ -20,6 +20,10 @@ bytes of weights and caches a step reads, the bound those bytes give at the
 GEMV bandwidth measured in the same run, and speedups. --compare_trax also
 times Trax 1.4.1's reference model with the same settings. --sweep scales
 the models over d_model and plots the speedup of each over the first.
+--project_layers=L times models too large to hold (the 17B ones) with
+--fit_blocks decoder blocks and no encoder blocks, and projects ms/token and
+bytes to L decoder blocks, beside the paper's seconds (the config's
+PAPER_DECODE_SECONDS).
 """
 import json
 import os
@@ -59,6 +63,14 @@ def _define_flags(flag_values):
                      'Models held (and timed interleaved) at once; default '
                      '40% of the available memory.', lower_bound=0.1,
                      flag_values=flag_values)
+  flags.DEFINE_integer('project_layers', None,
+                       'Models too large to hold: time each with '
+                       '--fit_blocks decoder blocks (no encoder blocks) and '
+                       'project ms/token to this many decoder blocks.',
+                       lower_bound=1, flag_values=flag_values)
+  flags.DEFINE_integer('fit_blocks', 1,
+                       'Decoder blocks timed with --project_layers.',
+                       lower_bound=1, flag_values=flag_values)
   flags.DEFINE_string('plot', 'terraformer_bench_sweep.png',
                       'PNG written by --sweep.', flag_values=flag_values)
 
@@ -154,8 +166,12 @@ def _bench(flag_values, model_files):
     report = benchmark.run(configs, parse, flag_values.tokens,
                            flag_values.prompt_len, flag_values.repeats,
                            flag_values.seed, flag_values.compare_trax,
-                           _budget(flag_values), log=_log)
-    print(benchmark.format_table(report))
+                           _budget(flag_values), log=_log,
+                           project_layers=flag_values.project_layers,
+                           fit_blocks=flag_values.fit_blocks)
+    print(benchmark.format_table(report)
+          if flag_values.project_layers is None
+          else benchmark.format_projection(report))
   if flag_values.json:
     with open(flag_values.json, 'w') as f:
       json.dump(benchmark.json_report(report), f, indent=2)

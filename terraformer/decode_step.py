@@ -1,0 +1,125 @@
+"""The jitted one-token decoding step of predict-mode models.
+
+Unbatched decoding calls the model once per token (paper §1, Tables 1 and
+6): the whole predict-mode model runs as ONE XLA computation per token, with
+the state (key/value caches, convolution buffers, position counters) donated
+so that caches are updated in place:
+
+  step = make_step(model)                  # jitted, state donated
+  outputs, state = step(x, weights, state, rng)
+
+`FastPredict(model, weights, state)` wraps it as `outputs = fast(x)`. The
+state passed in is consumed (its buffers are donated), so never reuse a
+state after passing it to `step`. `terraformer.decoding` decodes with this
+step; `terraformer.decode_speed` times it.
+
+Any model following the project's predict contract works: enc-dec models
+(`n_in == 2`) are called with `(inputs [B, L], prev_token [B, 1])`, the
+first call running the encoder; decoder-only LMs with `prev_token [B, 1]`.
+"""
+import copy
+import warnings
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from trax import layers as tl
+from trax import shapes
+
+from terraformer import errors
+
+
+def make_step(model, donate_state=True):
+  """`step(x, weights, state, rng) -> (outputs, new_state)`, jitted.
+
+  `jax.jit(model.pure_fn)` (Trax's `Layer.pure_fn`, what `model(x)` runs):
+  one XLA computation per token for the whole model. With `donate_state`
+  the state's buffers are donated to the call: key/value caches and
+  convolution buffers are updated in place instead of copied every token,
+  and the state passed in must not be used again. `model` must hold weights
+  and state of the right tree structure (e.g. after `init`, or
+  `model.weights, model.state = weights, state`): Trax's `pure_fn` restores
+  them after the call.
+  """
+  jitted = jax.jit(model.pure_fn, donate_argnums=(2,) if donate_state else ())
+
+  def step(x, weights, state, rng):
+    with warnings.catch_warnings():
+      # The first call changes the state's structure (tl.Cache fills in),
+      # so some donated buffers cannot be reused there: expected.
+      warnings.filterwarnings('ignore', message='Some donated buffers')
+      return jitted(x, weights, state, rng)
+
+  step.jitted = jitted
+  return step
+
+
+class FastPredict:
+  """A predict-mode model called through one jitted, state-donating step.
+
+    fast = FastPredict(model, weights, state)
+    logits = fast(x)              # like model(x), state kept in fast.state
+
+  `weights` and `state` default to the model's own. The state given is
+  consumed: `FastPredict` owns it.
+  """
+
+  def __init__(self, model, weights=None, state=None, rng=None,
+               donate_state=True):
+    self.model = model
+    self.weights = model.weights if weights is None else weights
+    self.state = model.state if state is None else state
+    if weights is not None or state is not None:
+      model.weights, model.state = self.weights, self.state
+    self.rng = jax.random.PRNGKey(0) if rng is None else rng
+    self._step = make_step(model, donate_state)
+
+  def __call__(self, x):
+    outputs, self.state = self._step(x, self.weights, self.state, self.rng)
+    return outputs
+
+
+def is_encoder_decoder(model):
+  """True for `(inputs, targets)` models, False for decoder-only LMs."""
+  return model.n_in >= 2
+
+
+def check_model(model):
+  """Raises TerraformerError unless `model` looks like a predict-mode model."""
+  if not isinstance(model, tl.Layer):
+    raise errors.TerraformerError(
+        f'the model function returned {type(model).__name__}, not a Trax '
+        'layer')
+  if model.n_in not in (1, 2):
+    raise errors.TerraformerError(
+        f'cannot decode a model with {model.n_in} inputs: expected 1 '
+        '(decoder-only LM) or 2 (encoder-decoder)')
+
+
+def predict_signature(model, prompt_len=16, batch=1):
+  """Input signature of a predict-mode call: one token (and the inputs)."""
+  token = shapes.ShapeDtype((batch, 1), np.int32)
+  if is_encoder_decoder(model):
+    return (shapes.ShapeDtype((batch, prompt_len), np.int32), token)
+  return token
+
+
+def init_shapes(model, signature):
+  """(weights, state) of `model.init(signature)` as ShapeDtypeStruct trees.
+
+  Traced on a copy: `model` is untouched and no weight is computed.
+  """
+  scratch = copy.deepcopy(model)
+  return jax.eval_shape(
+      lambda: scratch.init(signature, rng=jax.random.PRNGKey(0)))
+
+
+def zero_state(state_shapes):
+  """Fresh predict-mode state from its shapes: empty caches are all zeros.
+
+  Every predict-mode state of Trax and of this project starts at zeros
+  (key/value caches, convolution buffers, position counters, tl.Cache's
+  empty slot); tests/test_decode_step.py checks it against `model.init`.
+  """
+  return jax.tree_util.tree_map(lambda s: jnp.zeros(s.shape, s.dtype),
+                                state_shapes)
