@@ -158,6 +158,16 @@ def _json_safe(value):
   return json.loads(json.dumps(value, default=float))
 
 
+def committed_steps(output_dir):
+  """Steps committed in `output_dir` (with their marker), newest first."""
+  folder = os.path.join(output_dir, CHECKPOINTS)
+  if not os.path.isdir(folder):
+    return []
+  return sorted((int(n) for n in os.listdir(folder)
+                 if n.isdigit() and os.path.isfile(
+                     os.path.join(folder, n, MARKER))), reverse=True)
+
+
 class CheckpointStore:
   """The committed training checkpoints of one output directory."""
 
@@ -203,12 +213,7 @@ class CheckpointStore:
 
   def steps(self):
     """Committed steps, newest first."""
-    if not os.path.isdir(self.directory):
-      return []
-    return sorted((int(n) for n in os.listdir(self.directory)
-                   if n.isdigit() and os.path.isfile(
-                       os.path.join(self.directory, n, MARKER))),
-                  reverse=True)
+    return committed_steps(self.output_dir)
 
   def save(self, step, arrays, meta):
     """Commits checkpoint `step`: `arrays` (name -> numpy array) and `meta`.

@@ -16,12 +16,10 @@ It writes one JSON line per example and a summary JSON into the checkpoint
 directory. Also here: `text_vocab` (gin: `terraformer.text_vocab`, bound to
 the gin files' `VOCAB_SIZE`/`VOCAB_PATH` macros) and `load_model`.
 """
-import gzip
 import itertools
 import json
 import logging
 import os
-import pickle
 import re
 import time
 
@@ -34,6 +32,7 @@ from trax import layers as tl
 from trax import shapes
 import tqdm
 
+from terraformer import checkpoints
 from terraformer import compat
 from terraformer import decoding
 from terraformer import errors
@@ -74,16 +73,8 @@ def checkpoint_path(output_dir):
 
 def _read_checkpoint(path):
   """(flat weights (list of numpy arrays), training step) of a Loop file."""
-  try:
-    with gzip.open(path, 'rb') as f:
-      saved = pickle.load(f)
-    flat = saved['flat_weights']
-    if isinstance(flat, int):  # Loop keeps the weights in a separate file.
-      flat = tl.np_from_file(path[:-len('.pkl.gz')] + '.weights.npy.gz',
-                             compresslevel=flat)
-  except (OSError, EOFError, KeyError, pickle.UnpicklingError) as e:
-    raise errors.TerraformerError(
-        f'cannot read checkpoint {path}: {e}') from None
+  saved = checkpoints.read_trax_checkpoint(path)  # Names a damaged file.
+  flat = saved['flat_weights']
   flat = [np.asarray(jax.lax.bitcast_convert_type(w, jnp.bfloat16))
           if w.dtype == np.uint16 else w for w in flat]  # Loop's _to_bits.
   return flat, saved.get('step')

@@ -26,8 +26,8 @@ import jax.numpy as jnp
 import numpy as np
 from trax import fastmath
 from trax import layers as tl
-from trax.supervised import training as trax_training
 
+from terraformer import checkpoints
 from terraformer.errors import TerraformerError
 
 _PKL = '.pkl.gz'
@@ -54,17 +54,8 @@ def checkpoint_file(path):
 
 def load_flat_weights(path):
   """The flat list of weight arrays of a checkpoint (directory or file)."""
-  pkl = checkpoint_file(path)
-  try:
-    d = trax_training.unpickle_from_file(pkl, gzip=True)
-    flat = d['flat_weights']
-    if isinstance(flat, int):  # Current format: weights in a separate file.
-      flat = tl.np_from_file(pkl[:-len(_PKL)] + '.weights.npy.gz',
-                             compresslevel=flat)
-  except (OSError, EOFError, KeyError, ValueError, TypeError) as e:
-    raise TerraformerError(
-        f'Cannot read checkpoint {pkl}: {type(e).__name__}: {e}') from None
-  return [np.asarray(w) for w in flat]
+  flat = checkpoints.read_trax_checkpoint(checkpoint_file(path))
+  return [np.asarray(w) for w in flat['flat_weights']]
 
 
 def named_weights(layer, weights=None, path=None):

@@ -15,6 +15,7 @@ from trax import fastmath
 from trax.supervised import callbacks
 from trax.supervised import lr_schedules
 
+from terraformer import checkpoints
 from terraformer import compat
 from terraformer import errors
 from terraformer import training
@@ -112,7 +113,8 @@ def test_loss_falls_and_outputs_are_written(tmp_path, capsys):
 
 
 def test_resume_continues_from_checkpoint(tmp_path):
-  fixed = dict(train_stream=counting_stream(fixed=True), callbacks=[Recorder])
+  # A stream that differs batch to batch: resuming must skip the batches used.
+  fixed = dict(train_stream=counting_stream(), callbacks=[Recorder])
   Recorder.instances.clear()
   first = _train(tmp_path / 'resumed', 4, **fixed)
   assert first.step == 4
@@ -127,13 +129,51 @@ def test_resume_continues_from_checkpoint(tmp_path):
     np.testing.assert_array_equal(a, b)
   assert any(not np.array_equal(a, b)
              for a, b in zip(run1.first_weights, saved))
-  # 4 + 4 steps give the same weights as 8 in one go (optimizer state too).
+  # 4 + 4 steps give bit-identical weights to 8 in one go: optimizer slots,
+  # rng and stream position are restored.
   straight = _train(tmp_path / 'straight', 8, **fixed)
   for a, b in zip(_flat(second.model.weights), _flat(straight.model.weights)):
-    np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)
+    np.testing.assert_array_equal(a, b)
   # Asking for no more steps than done trains nothing.
   again = _train(tmp_path / 'resumed', 8, **fixed)
   assert again.step == 8 and Recorder.instances[-1].steps == []
+
+
+def _stream_with_nan_at(step):
+  """counting_stream whose batch `step` has NaN weights (a NaN loss)."""
+  def stream():
+    for i, (x, y, w) in enumerate(counting_stream()(), 1):
+      yield x, y, (w * np.nan if i == step else w)
+  return stream
+
+
+def test_non_finite_loss_stops_training_before_its_checkpoint(tmp_path):
+  with pytest.raises(errors.TerraformerError, match=(
+      r'^non-finite loss \(nan\) at step 3: training stopped, nothing saved '
+      r'for this step; last checkpoint: step 2$')):
+    _train(tmp_path, 4, checkpoint_every=1, train_stream=_stream_with_nan_at(3))
+  assert sorted(os.listdir(tmp_path / 'checkpoints')) == ['1', '2']
+  saved = checkpoints.read_trax_checkpoint(str(tmp_path / 'model.pkl.gz'))
+  assert saved['step'] == 2
+  assert all(np.isfinite(w).all() for w in saved['flat_weights'])
+
+
+def test_skip_non_finite_undoes_and_counts_the_step(tmp_path, capsys):
+  at_begin = {}
+
+  class WeightsAtBegin(Recorder):
+    def on_step_begin(self, step):
+      at_begin[step] = _flat(self._loop.model.weights)
+
+  loop = _train(tmp_path, 4, skip_non_finite=True,
+                train_stream=_stream_with_nan_at(3), callbacks=[WeightsAtBegin])
+  assert loop.step == 4 and loop.skipped_steps == 1
+  assert 'Skipped step 3: non-finite loss (nan); 1 skipped so far' in (
+      capsys.readouterr().out)
+  assert all(np.isfinite(w).all() for w in _flat(loop.model.weights))
+  same = lambda a, b: all(np.array_equal(x, y) for x, y in zip(a, b))
+  assert not same(at_begin[2], at_begin[3])  # Step 2 trained ...
+  assert same(at_begin[3], at_begin[4])  # ... step 3 was undone.
 
 
 def test_empty_stream_is_a_user_error_and_writes_nothing(tmp_path):

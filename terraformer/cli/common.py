@@ -2,7 +2,8 @@
 
 Flags follow Trax's trainer: `--config_file` (repeatable), `--config`
 (repeatable gin bindings), `--output_dir`. User errors (bad config, missing
-file, unwritable directory, `TerraformerError`) print ONE line,
+file, unwritable directory, `TerraformerError`) and the machine's (an
+OSError: disk full, permissions) print ONE line,
 `<prog>: error: <message>`, on stderr and exit with status 2; nothing is
 written before the config, model and data have been checked.
 """
@@ -190,6 +191,10 @@ def run(prog, argv, define_flags, body, precheck=None):
     print(f'{prog}: error: {_first_line(e)}', file=sys.stderr)
   except errors.TerraformerError as e:
     print(f'{prog}: error: {_first_line(e)}', file=sys.stderr)
+  except OSError as e:  # The machine's state (disk full, permissions).
+    where = f': {e.filename}' if e.filename else ''
+    print(f'{prog}: error: {e.strerror or _first_line(e)}{where}',
+          file=sys.stderr)
   except Exception as e:  # pylint: disable=broad-except
     # Trax re-raises errors of a layer's init or forward as a LayerError
     # whose text holds the original one: a TerraformerError there (e.g. a

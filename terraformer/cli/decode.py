@@ -81,8 +81,7 @@ def read_inputs(flag_values):
   if path is not None:
     if not os.path.isfile(path):
       raise errors.TerraformerError(f'input file {path!r} not found')
-    with open(path, encoding='utf-8') as f:
-      content = f.read()
+    content = read_text_file(path, 'input file')
     inputs = ([content] if flag_values.whole_file
               else content.splitlines())
     inputs = [t.strip() for t in inputs if t.strip()]
@@ -92,6 +91,25 @@ def read_inputs(flag_values):
   if not text.strip():
     raise errors.TerraformerError('--input is empty')
   return [text.strip()]
+
+
+def read_text_file(path, what):
+  """The UTF-8 text of `path`; TerraformerError if binary or not UTF-8."""
+  try:
+    with open(path, encoding='utf-8') as f:
+      content = f.read()
+  except UnicodeDecodeError as e:
+    raise errors.TerraformerError(
+        f'{what} {path!r} is not UTF-8 text (byte 0x{e.object[e.start]:02x} '
+        f'at offset {e.start})') from None
+  except OSError as e:
+    raise errors.TerraformerError(
+        f'cannot read {what} {path!r}: {e.strerror}') from None
+  if '\x00' in content:
+    raise errors.TerraformerError(
+        f'{what} {path!r} is binary (NUL byte at offset '
+        f'{content.index(chr(0))}), not text')
+  return content
 
 
 def check_checkpoint(output_dir):

@@ -1,4 +1,5 @@
 """terraformer-train: the error policy, and a short run that checkpoints."""
+import errno
 import os
 import subprocess
 import sys
@@ -6,6 +7,7 @@ import sys
 import pytest
 
 import tiny_lm
+from terraformer import checkpoints
 from terraformer.cli import train as train_cli
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -105,6 +107,48 @@ def test_train_two_steps_then_resume(tmp_path, capsys):
   assert 'Resuming from checkpoint at step 2' in out
   assert [l.split()[1] for l in out.splitlines() if l.startswith('step ')
          ] == ['3/3']
+
+
+@pytest.mark.slow
+def test_damaged_newest_checkpoint_disk_full_and_nan(tmp_path, capsys,
+                                                     monkeypatch):
+  config = tiny_lm.write_config(tmp_path)
+  out_dir = tmp_path / 'out'
+  run = lambda *args: _run(capsys, '--config_file=' + config,
+                           '--output_dir=' + str(out_dir),
+                           '--config=terraformer.train.checkpoint_every = 1',
+                           *args)
+  assert run('--steps=2')[0] == 0
+  assert checkpoints.committed_steps(str(out_dir)) == [2, 1]
+  # A damaged newest checkpoint is reported and the previous one resumed.
+  newest = out_dir / 'checkpoints' / '2'
+  for path in newest.glob('arrays/d/*'):
+    path.write_bytes(path.read_bytes()[:10])
+  code, out, err = run('--steps=3')
+  assert code == 0, err
+  assert 'Resuming from checkpoint at step 1 ' in out
+  assert [l for l in err.splitlines() if 'damaged' in l] == [
+      l for l in err.splitlines() if l.startswith('Checkpoint step 2 in ')]
+  assert 'Traceback' not in err
+  assert checkpoints.committed_steps(str(out_dir)) == [3, 2]
+  # Disk full while saving step 4: one line, no partial files, 3 kept.
+  def no_space(path):
+    raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), path)
+  monkeypatch.setattr(checkpoints, 'fsync_tree', no_space)
+  code, _, err = run('--steps=4')
+  assert code == 2
+  _assert_one_line_error(err, 'cannot save the checkpoint of step 4',
+                         '(disk full); partial files removed, last good '
+                         'checkpoint: step 3')
+  assert sorted(os.listdir(out_dir / 'checkpoints')) == ['2', '3']
+  monkeypatch.undo()
+  # A NaN loss stops training: one line with the step, nothing saved for it.
+  code, _, err = run('--steps=6', '--config=multifactor.constant = 1e10')
+  assert code == 2
+  _assert_one_line_error(err, 'non-finite', 'at step 5: training stopped, '
+                         'nothing saved for this step; last checkpoint: '
+                         'step 4')
+  assert checkpoints.committed_steps(str(out_dir)) == [4, 3]
 
 
 @pytest.mark.slow
