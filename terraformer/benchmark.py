@@ -9,8 +9,10 @@ paper's speed figures come from), runs the d_model sweep and formats tables.
 import functools
 import gc
 import inspect
+import time
 
 import gin
+import jax
 import numpy as np
 
 from terraformer import decode_speed
@@ -411,6 +413,113 @@ def json_report(report):
       return value.item()
     return value
   return clean(report)
+
+
+# ---------------------------------------------------------------------------
+# The user's path: whole decode calls, ours and Trax's.
+
+
+def _timed_calls(call, reset, repeats):
+  """(seconds of `repeats` calls of `call()`, each after `reset()`, the
+  last call's output)."""
+  times = []
+  for _ in range(repeats):
+    reset()
+    start = time.perf_counter()
+    out = jax.block_until_ready(call())
+    times.append(time.perf_counter() - start)
+  return times, np.asarray(out)
+
+
+def user_path(configs, parse, tokens=16, prompt_len=16, repeats=3, seed=0,
+              log=print):
+  """Whole greedy decode calls, as a user makes them: ours and Trax's.
+
+  For each configuration (random weights, batch 1, a `prompt_len`-token
+  input, `tokens` tokens, no EOS), times repeated calls of
+  `terraformer.decoding.decode(model, inputs, max_length=tokens)` and of
+  Trax 1.4.1's `trax.supervised.decoding.autoregressive_sample(model,
+  inputs, temperature=0, max_length=tokens)` on the same predict-mode
+  model. The first call of each compiles (Trax: `tl.Accelerate`, a jit of
+  `pure_fn` without donation; ours: `decode_step.make_step`) and is
+  reported apart.
+
+  Returns:
+    dict: settings and models: per configuration name, config,
+    ours_ms_per_token / trax_ms_per_token (median over the calls after the
+    first; lists in *_repeats), ours_first_call_s, trax_first_call_s,
+    trax_over_ours (median Trax ms/token over ours) and same_tokens (both
+    decoded the same tokens).
+  """
+  from trax.supervised import decoding as trax_decoding  # pylint: disable=g-import-not-at-top
+  from terraformer import decoding  # pylint: disable=g-import-not-at-top
+  results = []
+  for name, config in configs:
+    parse(config, [])
+    model = spec_from_gin(name).model
+    signature = decode_step.predict_signature(model, prompt_len)
+    weight_shapes, state_shapes = decode_step.init_shapes(model, signature)
+    model.weights = decode_speed.random_weights(weight_shapes, seed, model)
+    prompt = np.random.default_rng(seed).integers(
+        2, 100, size=(1, prompt_len)).astype(np.int32)
+
+    def reset():
+      model.state = decode_step.zero_state(state_shapes)
+
+    ours = lambda: decoding.decode(model, prompt, max_length=tokens,
+                                   eos_id=None, progress=False)
+    # An LM's prompt: Trax feeds it in one call after the start token.
+    trax = lambda: trax_decoding.autoregressive_sample(
+        model, prompt, batch_size=1, temperature=0.0, eos_id=-1,
+        max_length=tokens)
+    log(f'user path: {name}: ours...')
+    ours_s, ours_tokens = _timed_calls(ours, reset, repeats + 1)
+    log(f'user path: {name}: Trax autoregressive_sample...')
+    trax_s, trax_tokens = _timed_calls(trax, reset, repeats + 1)
+    per_token = lambda s: [1e3 * t / tokens for t in s[1:]]
+    result = {'name': name, 'config': config,
+              'ours_ms_per_token_repeats': per_token(ours_s),
+              'trax_ms_per_token_repeats': per_token(trax_s),
+              'ours_first_call_s': ours_s[0], 'trax_first_call_s': trax_s[0],
+              'same_tokens': bool(np.array_equal(ours_tokens, trax_tokens))}
+    result['ours_ms_per_token'] = float(np.median(
+        result['ours_ms_per_token_repeats']))
+    result['trax_ms_per_token'] = float(np.median(
+        result['trax_ms_per_token_repeats']))
+    result['trax_over_ours'] = (result['trax_ms_per_token'] /
+                                result['ours_ms_per_token'])
+    results.append(result)
+    model.weights = jax.tree_util.tree_map(lambda _: None, model.weights)
+    del model
+    gc.collect()
+  return {'settings': dict(tokens=tokens, prompt_len=prompt_len,
+                           repeats=repeats, seed=seed, batch_size=1),
+          'models': results}
+
+
+def format_user_path(report):
+  """`user_path`'s report as a text table."""
+  rows = [['model', 'ours ms/token', 'Trax ms/token', 'Trax / ours',
+           'ours 1st call s', 'Trax 1st call s', 'same tokens']]
+  for r in report['models']:
+    rows.append([r['name'], f"{r['ours_ms_per_token']:.1f}",
+                 f"{r['trax_ms_per_token']:.1f}",
+                 f"{r['trax_over_ours']:.1f}x",
+                 f"{r['ours_first_call_s']:.1f}",
+                 f"{r['trax_first_call_s']:.1f}",
+                 'yes' if r['same_tokens'] else 'NO'])
+  widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+  lines = ['  '.join(c.ljust(w) if i == 0 else c.rjust(w)
+                     for i, (c, w) in enumerate(zip(row, widths))).rstrip()
+           for row in rows]
+  s = report['settings']
+  lines.append(
+      f"whole greedy decode calls, batch 1, {s['tokens']} tokens after a "
+      f"{s['prompt_len']}-token input, median of {s['repeats']} calls after "
+      'the first: ours = terraformer.decoding.decode, Trax = '
+      'trax.supervised.decoding.autoregressive_sample; 1st call includes '
+      'compilation')
+  return '\n'.join(lines)
 
 
 # ---------------------------------------------------------------------------

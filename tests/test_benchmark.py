@@ -179,3 +179,42 @@ def test_mirror_of_trax_sparse_ff_is_trax_layer():
 
   assert find(spec.model)
   assert spec.n_blocks == 2
+
+
+@pytest.mark.slow
+def test_projection_equals_the_deeper_model():
+  texts = {'sparse': ENCDEC + 'PAPER_DECODE_SECONDS = 0.5\n',
+           'deep': ENCDEC + ('ScalingTransformer.n_decoder_layers = 3\n'
+                             'ScalingTransformer.n_encoder_layers = 0\n')}
+  parse = lambda name, extra: _parse(texts[name])
+  projected = benchmark.run([('sparse', 'sparse')], parse, tokens=2,
+                            prompt_len=3, repeats=1, log=lambda _: None,
+                            project_layers=3, fit_blocks=1)
+  parse('deep', [])
+  deep = decode_speed.measure_model(benchmark.spec_from_gin('deep').model,
+                                    tokens=2, prompt_len=3, repeats=1)
+  result = projected['models'][0]
+  assert result['n_blocks'] == 1 and result['paper_seconds'] == 0.5
+  # Bytes projected from 1 block and 0 blocks = those of the 3-block model.
+  assert result['projected_bytes_per_token'] == pytest.approx(
+      deep['bytes_per_token'])
+  assert result['projected_ms_per_token'] > result['ms_no_blocks'] > 0
+  table = benchmark.format_projection(projected)
+  assert table.splitlines()[1].split()[:2] == ['sparse', '1']
+  with pytest.raises(errors.TerraformerError, match='cannot be combined'):
+    benchmark.run([('sparse', 'sparse')], parse, compare_trax=True,
+                  project_layers=3)
+
+
+@pytest.mark.slow
+def test_user_path_decodes_what_trax_decodes():
+  texts = {'sparse': LM + SPARSE}
+  report = benchmark.user_path([('sparse', 'sparse')],
+                               lambda name, extra: _parse(texts[name]),
+                               tokens=3, prompt_len=2, repeats=1,
+                               log=lambda _: None)
+  result = report['models'][0]
+  assert result['same_tokens']
+  assert result['ours_ms_per_token'] > 0 and result['trax_ms_per_token'] > 0
+  assert benchmark.format_user_path(report).splitlines()[1].split()[0] == (
+      'sparse')

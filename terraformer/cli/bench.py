@@ -3,6 +3,7 @@
   terraformer-bench --config_file=F [--config_file=G ...] [--config=BINDING]
       [--tokens=N] [--prompt_len=L] [--repeats=R] [--json=PATH]
       [--compare_trax] [--project_layers=L [--fit_blocks=B]]
+  terraformer-bench --trax_user_path --config_file=F [...] [--tokens=N]
   terraformer-bench --sweep [--config_file=DENSE --config_file=SPARSE]
       [--sweep_d_models=512,1024,2048,4096] [--plot=PATH] [--json=PATH]
 
@@ -23,7 +24,8 @@ the models over d_model and plots the speedup of each over the first.
 --project_layers=L times models too large to hold (the 17B ones) with
 --fit_blocks decoder blocks and no encoder blocks, and projects ms/token and
 bytes to L decoder blocks, beside the paper's seconds (the config's
-PAPER_DECODE_SECONDS).
+PAPER_DECODE_SECONDS). --trax_user_path times whole decode calls instead:
+terraformer.decoding.decode next to Trax's own autoregressive_sample.
 """
 import json
 import os
@@ -63,6 +65,10 @@ def _define_flags(flag_values):
                      'Models held (and timed interleaved) at once; default '
                      '40% of the available memory.', lower_bound=0.1,
                      flag_values=flag_values)
+  flags.DEFINE_bool('trax_user_path', False,
+                    'Time whole greedy decode calls of each model: '
+                    "terraformer.decoding.decode and Trax's "
+                    'autoregressive_sample.', flag_values=flag_values)
   flags.DEFINE_integer('project_layers', None,
                        'Models too large to hold: time each with '
                        '--fit_blocks decoder blocks (no encoder blocks) and '
@@ -160,6 +166,13 @@ def _bench(flag_values, model_files):
     print(benchmark.format_sweep(report))
     benchmark.plot_sweep(report, flag_values.plot)
     print(f'plot: {flag_values.plot}')
+  elif flag_values.trax_user_path:
+    if not configs:
+      raise errors.TerraformerError('at least one --config_file is required')
+    report = benchmark.user_path(configs, parse, flag_values.tokens,
+                                 flag_values.prompt_len, flag_values.repeats,
+                                 flag_values.seed, log=_log)
+    print(benchmark.format_user_path(report))
   else:
     if not configs:
       raise errors.TerraformerError('at least one --config_file is required')

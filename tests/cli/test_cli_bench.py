@@ -151,3 +151,11 @@ def test_console_script(tmp_path):
                         capture_output=True, text=True, timeout=600)
   assert done.returncode == 0, done.stderr[-3000:]
   assert done.stdout.splitlines()[1].split()[0] == 'dense'
+
+
+def test_project_layers_with_compare_trax_is_one_line_error(tmp_path, capsys):
+  dense, _ = _configs(tmp_path)
+  code, _, err = _run(capsys, f'--config_file={dense}', '--compare_trax',
+                      '--project_layers=6')
+  assert code == 2
+  _one_line_error(err, '--project_layers and --compare_trax')
