@@ -1,0 +1,309 @@
+"""Training over many devices and processes on JAX's distributed runtime.
+
+Trax 1.4.1's `Loop` is data-parallel over one process's local devices (pmap)
+with replicated weights; this module is the path beyond it, built on JAX's own
+engine rather than a home-made one:
+
+- `initialize`: N processes join one job through `jax.distributed.initialize`
+  (explicit coordinator/process flags, or the environment JAX detects on
+  Slurm, Open MPI and TPU pods); on CPU the collectives run over gloo. Waits
+  are bounded: a process that never joins, or dies, stops the others with an
+  error instead of a hang.
+- `fsdp_spec` / `device_mesh`: FSDP-style (ZeRO-3) sharding over a 1-D mesh
+  of all devices of all processes: each weight and each optimizer slot is
+  split along one of its axes, so its bytes per device fall as 1/N; XLA's SPMD
+  partitioner inserts the all-gathers before use and the reduce-scatters of
+  the gradients.
+- `ShardedTrainer`: one jitted training step (the loss of the Trax model,
+  its gradients, the Trax optimizer's `tree_update`) with weights and slots
+  sharded and the batch split over the same mesh axis (data parallelism):
+  the loss is that of the global batch, so gradients are averaged over all
+  devices of all processes and metrics are global.
+- `memory_plan`: per-device bytes of weights, optimizer slots and an
+  activation estimate for a model and a device count, from shapes only
+  (`terraformer-info --devices=N`).
+"""
+import math
+import os
+import socket
+import sys
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import Mesh
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec
+from trax import layers as tl
+from trax import shapes
+
+from terraformer import errors
+
+MESH_AXIS = 'fsdp'  # One axis: weights, slots and the batch split over it.
+
+
+def initialize(coordinator_address=None, num_processes=None, process_id=None,
+               timeout_s=300, heartbeat_timeout_s=60):
+  """Joins this process to a multi-process JAX job (no-op for one process).
+
+  With no arguments JAX detects the cluster from the environment (Slurm,
+  Open MPI, TPU pods); if it detects none, this is a single-process run.
+  `timeout_s` bounds the wait for all processes to join (a process other
+  than 0 that finds no coordinator gets a one-line error; JAX itself aborts a
+  process whose peers do not register in time) and `heartbeat_timeout_s` how
+  long the others wait for a process that died.
+  Returns (process_index, process_count).
+  """
+  explicit = coordinator_address is not None or num_processes is not None
+  if explicit and (coordinator_address is None or num_processes is None
+                   or process_id is None):
+    raise errors.TerraformerError(
+        '--coordinator_address, --num_processes and --process_id go together')
+  if explicit and num_processes == 1:
+    return 0, 1
+  if explicit and process_id:
+    _wait_for_coordinator(coordinator_address, process_id, num_processes,
+                          timeout_s)
+  # CPU devices of different processes talk over gloo (no effect on GPU/TPU).
+  jax.config.update('jax_cpu_collectives_implementation', 'gloo')
+  try:
+    jax.distributed.initialize(
+        coordinator_address, num_processes, process_id,
+        initialization_timeout=timeout_s,
+        heartbeat_timeout_seconds=heartbeat_timeout_s)
+  except ValueError as e:
+    if explicit:
+      raise errors.TerraformerError(f'jax.distributed: {e}') from None
+    return 0, 1  # No cluster detected: one process.
+  except Exception as e:  # pylint: disable=broad-except
+    raise errors.TerraformerError(
+        f'could not join the job at {coordinator_address} as process '
+        f'{process_id} of {num_processes} within {timeout_s} s: '
+        f'{_first_line(e)}') from None
+  return jax.process_index(), jax.process_count()
+
+
+def _wait_for_coordinator(address, process_id, num_processes, timeout_s):
+  """Waits (bounded) until process 0's coordinator accepts connections.
+
+  JAX aborts the process (no exception) when registration times out; this
+  check turns an unreachable coordinator into a one-line error first.
+  """
+  host, _, port = address.rpartition(':')
+  deadline = time.monotonic() + timeout_s
+  while True:
+    try:
+      with socket.create_connection((host, int(port)), timeout=5):
+        return
+    except (OSError, ValueError) as e:
+      if time.monotonic() > deadline or isinstance(e, ValueError):
+        raise errors.TerraformerError(
+            f'could not join the job at {address} as process {process_id} '
+            f'of {num_processes} within {timeout_s} s: no coordinator '
+            f'(process 0) there ({e})') from None
+      time.sleep(0.5)
+
+
+class ProcessGroupError(errors.TerraformerError):
+  """Another process of the job failed; this one cannot go on.
+
+  The process must then end with `exit_now` (not a normal exit: JAX's exit
+  handler would wait on the dead process and abort).
+  """
+
+
+def exit_now(code=2):
+  """Ends this process at once, skipping JAX's distributed shutdown."""
+  sys.stdout.flush()
+  sys.stderr.flush()
+  os._exit(code)  # pylint: disable=protected-access
+
+
+def _first_line(e):
+  text = str(e).strip()
+  return text.splitlines()[0] if text else repr(e)
+
+
+def device_mesh(devices=None):
+  """A 1-D mesh (axis `MESH_AXIS`) over `devices` (default: all, global)."""
+  devices = jax.devices() if devices is None else devices
+  return Mesh(np.asarray(devices), (MESH_AXIS,))
+
+
+def fsdp_spec(shape, n_devices):
+  """PartitionSpec splitting the largest axis of `shape` divisible by
+  `n_devices` over the mesh; replicated if no axis divides (small vectors)."""
+  candidates = [(size, -axis) for axis, size in enumerate(shape)
+                if size >= n_devices and size % n_devices == 0]
+  if n_devices == 1 or not candidates:
+    return PartitionSpec()
+  axis = -max(candidates)[1]
+  return PartitionSpec(*[MESH_AXIS if i == axis else None
+                         for i in range(len(shape))])
+
+
+def fsdp_shardings(tree, mesh):
+  """NamedShardings of `fsdp_spec` for every array leaf of `tree`."""
+  n = mesh.devices.size
+  return jax.tree_util.tree_map(
+      lambda x: NamedSharding(mesh, fsdp_spec(np.shape(x), n)), tree)
+
+
+def _replicated(tree, mesh):
+  return jax.tree_util.tree_map(
+      lambda _: NamedSharding(mesh, PartitionSpec()), tree)
+
+
+def _batch_shardings(batch, mesh):
+  return tuple(NamedSharding(mesh, PartitionSpec(MESH_AXIS)) for _ in batch)
+
+
+def _global_array(value, sharding):
+  """A global array from a value every process holds in full."""
+  value = np.asarray(value)
+  return jax.make_array_from_callback(value.shape, sharding,
+                                      lambda index: value[index])
+
+
+def process_rows(global_batch_size, process_index=None, process_count=None):
+  """The slice of a global batch's rows this process feeds (and reads)."""
+  index = jax.process_index() if process_index is None else process_index
+  count = jax.process_count() if process_count is None else process_count
+  if global_batch_size % count:
+    raise errors.TerraformerError(
+        f'batch size {global_batch_size} is not divisible by the number of '
+        f'processes ({count})')
+  rows = global_batch_size // count
+  return slice(index * rows, (index + 1) * rows)
+
+
+class ShardedTrainer:
+  """Jitted training steps of a Trax model with FSDP-sharded weights/slots.
+
+  The training math is Trax's (`tl.Serial(model, loss_layer)`, the
+  optimizer's `tree_update`, as `trax.optimizers.Trainer` does for one
+  device); only where arrays live differs. Every process builds the same
+  trainer (same seed: identical initial weights) and calls `train_step` with
+  its own rows of each global batch (`process_rows`).
+  """
+
+  def __init__(self, model, loss_layer, optimizer, lr_schedule, sample_batch,
+               mesh=None, seed=0):
+    self.mesh = device_mesh() if mesh is None else mesh
+    self._lr_schedule = lr_schedule
+    self._optimizer = optimizer
+    self._model_with_loss = tl.Serial(model, loss_layer)
+    signature = shapes.signature(tuple(sample_batch))
+    weights, state = self._model_with_loss.init(
+        signature, rng=jax.random.PRNGKey(seed))
+    slots, opt_params = optimizer.tree_init(weights)
+    self._w_shard = fsdp_shardings(weights, self.mesh)
+    self._s_shard = fsdp_shardings(slots, self.mesh)
+    self.weights = jax.tree_util.tree_map(_global_array, weights,
+                                          self._w_shard)
+    self.slots = jax.tree_util.tree_map(_global_array, slots, self._s_shard)
+    self.state = jax.tree_util.tree_map(
+        _global_array, state, _replicated(state, self.mesh))
+    self._opt_params = opt_params
+    self._rng = jax.random.PRNGKey(seed)
+    self.step = 0
+    batch_shard = _batch_shardings(sample_batch, self.mesh)
+    self._batch_shard = batch_shard
+    replicated = NamedSharding(self.mesh, PartitionSpec())
+    self._step_fn = jax.jit(
+        self._train_step,
+        in_shardings=(self._w_shard, self._s_shard, None, batch_shard,
+                      replicated, replicated, None),
+        out_shardings=(self._w_shard, self._s_shard, None, replicated, None),
+        donate_argnums=(0, 1))
+
+  def _train_step(self, weights, slots, state, batch, rng, step, opt_params):
+    def loss_fn(w):
+      loss, new_state = self._model_with_loss.pure_fn(batch, w, state, rng)
+      return loss, new_state
+    (loss, new_state), grads = jax.value_and_grad(loss_fn, has_aux=True)(
+        weights)
+    weights, slots, stats = self._optimizer.tree_update(
+        step, grads, weights, slots, opt_params, store_slots=False)
+    return weights, slots, new_state, loss, stats
+
+  def global_batch(self, local_batch):
+    """Global arrays from this process's rows of each batch array."""
+    return tuple(jax.make_array_from_process_local_data(s, np.asarray(x))
+                 for s, x in zip(self._batch_shard, local_batch))
+
+  def train_step(self, local_batch):
+    """One step on this process's rows; returns the global batch's loss."""
+    self.step += 1
+    self._rng, rng = jax.random.split(self._rng)
+    opt_params = dict(self._opt_params)
+    opt_params['learning_rate'] = jnp.asarray(
+        self._lr_schedule(self.step), jnp.float32)
+    try:
+      self.weights, self.slots, self.state, loss, stats = self._step_fn(
+          self.weights, self.slots, self.state,
+          self.global_batch(local_batch), rng, jnp.asarray(self.step),
+          opt_params)
+      del stats
+      return float(loss)
+    except jax.errors.JaxRuntimeError as e:
+      if jax.process_count() == 1:
+        raise
+      raise ProcessGroupError(
+          f'step {self.step}: a collective with the other processes failed '
+          f'(another process probably died): {_first_line(e)}') from None
+
+  def gathered_weights(self):
+    """The full weights as numpy arrays (on every process)."""
+    gather = jax.jit(lambda w: w, out_shardings=_replicated(
+        self.weights, self.mesh))
+    return jax.tree_util.tree_map(np.asarray, gather(self.weights))
+
+
+def _nbytes(leaf):
+  return math.prod(leaf.shape) * np.dtype(leaf.dtype).itemsize
+
+
+def _sharded_bytes(leaf, n_devices):
+  """Bytes of `leaf` on one device under `fsdp_spec`."""
+  spec = fsdp_spec(leaf.shape, n_devices)
+  return _nbytes(leaf) // (n_devices if any(spec) else 1)
+
+
+def memory_plan(weight_shapes, n_devices, slots_per_weight=2,
+                activation_bytes=0):
+  """Per-device bytes of an FSDP-sharded model, from shapes only.
+
+  Args:
+    weight_shapes: weights tree with `.shape`/`.dtype` leaves.
+    n_devices: devices the weights and slots are split over.
+    slots_per_weight: optimizer slots of a weight's size (Adam: 2).
+    activation_bytes: activations of the global batch (split over devices).
+
+  Returns:
+    dict with total and per-device bytes of weights, slots, activations,
+    their per-device sum, and the largest unsharded (replicated) leaf.
+  """
+  leaves = jax.tree_util.tree_leaves(weight_shapes)
+  total = sum(_nbytes(x) for x in leaves)
+  per_device = sum(_sharded_bytes(x, n_devices) for x in leaves)
+  replicated = [x for x in leaves if not any(fsdp_spec(x.shape, n_devices))]
+  plan = {
+      'devices': n_devices,
+      'weights_bytes': total,
+      'weights_bytes_per_device': per_device,
+      'slots_bytes_per_device': slots_per_weight * per_device,
+      'activation_bytes_per_device': activation_bytes // n_devices,
+      'replicated_bytes_per_device': sum(_nbytes(x) for x in replicated),
+  }
+  plan['total_bytes_per_device'] = (
+      plan['weights_bytes_per_device'] + plan['slots_bytes_per_device']
+      + plan['activation_bytes_per_device'])
+  return plan
+
+
+def force_host_devices(n):
+  """XLA_FLAGS value giving this (not yet started) process `n` CPU devices."""
+  flags = os.environ.get('XLA_FLAGS', '')
+  return f'{flags} --xla_force_host_platform_device_count={n}'.strip()

@@ -1,0 +1,142 @@
+"""Sharded and multi-process training (terraformer/distributed.py).
+
+The processes run `tests/distributed_worker.py` (a tiny sparse-FF LM, a fixed
+global batch stream, Adam) on forced CPU devices; JAX's collectives between
+processes go over gloo on localhost. Every wait is bounded.
+"""
+import os
+import socket
+import subprocess
+import sys
+import time
+
+import jax
+import numpy as np
+import pytest
+
+from terraformer import distributed
+from terraformer import errors
+
+WORKER = os.path.join(os.path.dirname(__file__), 'distributed_worker.py')
+TIMEOUT_S = 420
+
+
+def _free_port():
+  with socket.socket() as s:
+    s.bind(('127.0.0.1', 0))
+    return s.getsockname()[1]
+
+
+def _start(out, devices, *args):
+  env = dict(os.environ, XLA_FLAGS=distributed.force_host_devices(devices))
+  return subprocess.Popen(
+      [sys.executable, WORKER, f'--out={out}', *args], env=env,
+      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def _finish(process):
+  try:
+    out, err = process.communicate(timeout=TIMEOUT_S)
+  except subprocess.TimeoutExpired:
+    process.kill()
+    out, err = process.communicate()
+  return process.returncode, err
+
+
+def _run(out, devices, *args):
+  code, err = _finish(_start(out, devices, *args))
+  assert code == 0, err[-3000:]
+  return dict(np.load(out))
+
+
+def _max_weight_difference(a, b):
+  names = [k for k in a if k.startswith('w')]
+  assert names and names == [k for k in b if k.startswith('w')]
+  return max(float(np.max(np.abs(a[k] - b[k]))) for k in names)
+
+
+@pytest.mark.slow
+def test_sharded_over_8_devices_equals_one_device(tmp_path):
+  """FSDP over 8 forced host devices == the same steps on one device."""
+  sharded = _run(tmp_path / 's.npz', 8)
+  single = _run(tmp_path / 'u.npz', 8, '--mesh_devices=1')
+  assert sharded['n_devices'] == 8 and single['n_devices'] == 1
+  assert sharded['shard_fraction'] == pytest.approx(1 / 8)  # Really split.
+  np.testing.assert_allclose(sharded['losses'], single['losses'], atol=1e-5)
+  assert _max_weight_difference(sharded, single) < 1e-5
+  assert sharded['losses'][-1] != sharded['losses'][0]  # It trained.
+
+
+@pytest.mark.slow
+def test_two_processes_equal_one_process_of_four_devices(tmp_path):
+  """2 processes x 2 devices (gloo) == 1 process x 4 devices."""
+  port = _free_port()
+  workers = [_start(tmp_path / 'p.npz', 2, '--num_processes=2',
+                    f'--process_id={i}', f'--port={port}') for i in range(2)]
+  results = [_finish(w) for w in workers]
+  for code, err in results:
+    assert code == 0, err[-3000:]
+  joined = dict(np.load(tmp_path / 'p.npz'))
+  single = _run(tmp_path / 'one.npz', 4)
+  assert joined['n_devices'] == single['n_devices'] == 4
+  np.testing.assert_allclose(joined['losses'], single['losses'], atol=1e-5)
+  assert _max_weight_difference(joined, single) < 1e-5
+
+
+@pytest.mark.slow
+def test_a_dead_process_stops_the_other_with_one_line(tmp_path):
+  """Process 1 dies after step 2: process 0 ends with exit 2 and a clear
+  line (within the heartbeat timeout), it does not hang."""
+  port = _free_port()
+  args = ['--num_processes=2', f'--port={port}', '--steps=200']
+  survivor = _start(tmp_path / 'k.npz', 2, '--process_id=0', *args)
+  dying = _start(tmp_path / 'k.npz', 2, '--process_id=1',
+                 '--die_after_step=2', *args)
+  assert _finish(dying)[0] == 9
+  died_at = time.time()
+  code, err = _finish(survivor)
+  assert time.time() - died_at < 90
+  assert code == 2, err[-3000:]
+  assert 'worker: step ' in err and 'another process probably died' in err
+
+
+@pytest.mark.slow
+def test_a_process_that_never_joins_is_a_bounded_error(tmp_path):
+  code, err = _finish(_start(
+      tmp_path / 'n.npz', 1, '--num_processes=2', '--process_id=1',
+      f'--port={_free_port()}', '--timeout_s=5'))
+  assert code == 2, err[-3000:]
+  assert 'worker: could not join the job at 127.0.0.1:' in err
+
+
+def test_fsdp_spec_splits_the_largest_divisible_axis():
+  assert tuple(distributed.fsdp_spec((64, 96), 8)) == (None, 'fsdp')
+  assert tuple(distributed.fsdp_spec((12, 64), 8)) == (None, 'fsdp')
+  assert tuple(distributed.fsdp_spec((6,), 8)) == ()  # Replicated.
+  assert tuple(distributed.fsdp_spec((64, 96), 1)) == ()
+
+
+def test_memory_plan_per_device_bytes_fall_with_devices():
+  leaves = {'big': jax.ShapeDtypeStruct((1024, 512), np.float32),
+            'bias': jax.ShapeDtypeStruct((3,), np.float32)}
+  one = distributed.memory_plan(leaves, 1, activation_bytes=800)
+  eight = distributed.memory_plan(leaves, 8, activation_bytes=800)
+  assert one['weights_bytes'] == eight['weights_bytes'] == (1024 * 512 + 3) * 4
+  assert eight['weights_bytes_per_device'] == 1024 * 512 * 4 // 8 + 3 * 4
+  assert eight['slots_bytes_per_device'] == 2 * eight['weights_bytes_per_device']
+  assert eight['replicated_bytes_per_device'] == 12
+  assert eight['activation_bytes_per_device'] == 100
+  assert one['total_bytes_per_device'] > 7 * eight['total_bytes_per_device']
+
+
+def test_partial_process_flags_are_an_error():
+  with pytest.raises(errors.TerraformerError, match='go together'):
+    distributed.initialize('127.0.0.1:1234', num_processes=2)
+
+
+def test_process_rows_are_disjoint_and_cover_the_batch():
+  rows = [distributed.process_rows(8, i, 4) for i in range(4)]
+  covered = np.concatenate([np.arange(8)[r] for r in rows])
+  np.testing.assert_array_equal(covered, np.arange(8))
+  with pytest.raises(errors.TerraformerError, match='not divisible'):
+    distributed.process_rows(6, 0, 4)
