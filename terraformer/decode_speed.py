@@ -30,6 +30,8 @@ from terraformer.layers.prefix_attention import PrefixCausalAttention
 from terraformer.layers.prefix_attention import bucket_for
 from terraformer.layers.sparse_ff import SparseFF
 
+# Most random values `random_weights` draws per array (2^22, 16 MB).
+RANDOM_BLOCK = 1 << 22
 # Keyword arguments of model functions that set the number of decoder blocks.
 BLOCK_KWARGS = ('n_decoder_layers', 'n_layers')
 
@@ -57,11 +59,12 @@ def _run_once_mask(model, weights):
 def random_weights(weight_shapes, seed=0, model=None):
   """Random arrays in place of a weights tree of shapes (fast, no init).
 
-  Matrices get N(0, 1/fan_in), vectors N(0, 0.02^2): decoding speed does not
-  depend on the values, but they must stay finite through the layers. Given
-  the `model`, the weights of layers that only run on the first call (under
-  tl.Cache: the encoder) share one array per shape, to save memory; every
-  weight a decoding step reads is its own array.
+  Matrices get N(0, 1/fan_in), vectors N(0, 0.02^2) (arrays over
+  RANDOM_BLOCK values repeat their first RANDOM_BLOCK): decoding speed does
+  not depend on the values, but they must stay finite through the layers.
+  Given the `model`, the weights of layers that only run on the first call
+  (under tl.Cache: the encoder) share one array per shape, to save memory;
+  every weight a decoding step reads is its own array.
   """
   rng = np.random.default_rng(seed)
   shared = {}
@@ -73,7 +76,11 @@ def random_weights(weight_shapes, seed=0, model=None):
     if not jnp.issubdtype(leaf.dtype, jnp.floating):
       value = jnp.zeros(leaf.shape, leaf.dtype)
     else:
-      values = rng.standard_normal(leaf.shape, dtype=np.float32)
+      size = int(np.prod(leaf.shape, dtype=np.int64))
+      # Arrays larger than RANDOM_BLOCK (the 17B ones) repeat one random
+      # block: drawing gigabytes of normals would take minutes.
+      values = np.resize(rng.standard_normal(min(size, RANDOM_BLOCK),
+                                             dtype=np.float32), leaf.shape)
       values *= (1.0 / np.sqrt(leaf.shape[0])) if len(leaf.shape) >= 2 else (
           0.02)
       value = jnp.asarray(values, dtype=leaf.dtype)
