@@ -5,6 +5,7 @@ values, so an 800M-parameter model is counted in seconds and little memory.
 """
 import collections
 import copy
+import inspect
 
 import gin
 import jax
@@ -12,6 +13,7 @@ import numpy as np
 from trax import layers as tl
 from trax import shapes
 
+from terraformer import distributed
 from terraformer import training
 
 ParamCount = collections.namedtuple('ParamCount', ['by_layer', 'total'])
@@ -64,17 +66,23 @@ def _count(layer, weights, counts):
     counts[type(layer).__name__] += n
 
 
-def count_layer_params(model, input_signature):
-  """Counts the parameters of an (uninitialized) layer, by layer class."""
+def count_layer_params(model, input_signature, shapes_out=None):
+  """Counts the parameters of an (uninitialized) layer, by layer class.
+
+  `shapes_out`, a list, receives the weights tree of shapes.
+  """
   counts = collections.Counter()
-  _count(model, weight_shapes(model, input_signature), counts)
+  weights = weight_shapes(model, input_signature)
+  if shapes_out is not None:
+    shapes_out.append(weights)
+  _count(model, weights, counts)
   by_layer = dict(sorted(counts.items(), key=lambda kv: (-kv[1], kv[0])))
   return ParamCount(by_layer, sum(by_layer.values()))
 
 
 @gin.configurable(module='terraformer')
 def count_parameters(model=None, input_signature=None, batch_size=1,
-                     length=512, mode='eval'):
+                     length=512, mode='eval', shapes_out=None):
   """Counts parameters of a model function, by layer class and in total.
 
   Args:
@@ -85,6 +93,7 @@ def count_parameters(model=None, input_signature=None, batch_size=1,
     batch_size: batch size of the default input signature.
     length: sequence length of the default input signature.
     mode: mode the model is built in (weights do not depend on it).
+    shapes_out: a list that receives the weights tree of shapes.
 
   Returns:
     ParamCount(by_layer={class name: count}, total=count).
@@ -93,4 +102,41 @@ def count_parameters(model=None, input_signature=None, batch_size=1,
   layer = model(mode=mode)
   if input_signature is None:
     input_signature = input_signature_for(layer, batch_size, length)
-  return count_layer_params(layer, input_signature)
+  return count_layer_params(layer, input_signature, shapes_out)
+
+
+def _model_setting(name, default):
+  """A setting of the configured model function (gin binding or default)."""
+  ref = training.model_reference()
+  fn = getattr(ref, 'scoped_configurable_fn', ref)
+  selector = getattr(ref, 'selector', getattr(fn, '__name__', ''))
+  try:
+    return gin.query_parameter(f'{selector}.{name}')
+  except ValueError:
+    parameter = inspect.signature(fn).parameters.get(name)
+    if parameter is None or parameter.default is inspect.Parameter.empty:
+      return default
+    return parameter.default
+
+
+def residual_stream_bytes(batch_size, length):
+  """Activation estimate of a training step: the residual stream that every
+  block of the configured model keeps for backpropagation (float32,
+  batch x length x d_model per block). A lower bound for plain blocks
+  (attention scores and FF intermediates not counted), an upper bound for
+  reversible ones (they recompute their inputs)."""
+  d_model = _model_setting('d_model', 0)
+  blocks = sum(_model_setting(name, 0) or 0 for name in
+               ('n_layers', 'n_encoder_layers', 'n_decoder_layers'))
+  return 4 * batch_size * length * d_model * blocks
+
+
+def device_memory(n_devices, batch_size=1, length=512, slots_per_weight=2):
+  """ParamCount and the per-device `distributed.memory_plan` of the
+  configured model, weights and slots FSDP-sharded over `n_devices`."""
+  shapes_out = []
+  count = count_parameters(shapes_out=shapes_out)
+  plan = distributed.memory_plan(
+      shapes_out[0], n_devices, slots_per_weight,
+      residual_stream_bytes(batch_size, length))
+  return count, plan

@@ -1,9 +1,13 @@
 """terraformer-info: parameter count of a gin-configured model, by layer kind.
 
   terraformer-info --config_file=F [--config='BINDING'] [--json]
+      [--devices=N [--batch_size=B] [--length=L] [--device_memory_gb=G]]
 
 Counts the model bound to `terraformer.train.model` (or
 `count_parameters.model`) from weight shapes only, without allocating them.
+With `--devices=N`, also prints the bytes per device of FSDP training over N
+devices (`terraformer.distributed`: weights and Adam's two slots split over
+the devices, a global batch of B sequences of L tokens split over them).
 """
 import json
 import sys
@@ -18,6 +22,18 @@ PROG = 'terraformer-info'
 def _define_flags(flag_values):
   flags.DEFINE_bool('json', False, 'Print JSON instead of a table.',
                     flag_values=flag_values)
+  flags.DEFINE_integer('devices', 0, 'Print per-device memory of FSDP '
+                       'training over this many devices (0: no).',
+                       lower_bound=0, flag_values=flag_values)
+  flags.DEFINE_integer('batch_size', 8, 'Global batch (sequences) for the '
+                       'activation estimate.', lower_bound=1,
+                       flag_values=flag_values)
+  flags.DEFINE_integer('length', 512, 'Tokens per sequence for the '
+                       'activation estimate.', lower_bound=1,
+                       flag_values=flag_values)
+  flags.DEFINE_float('device_memory_gb', 0.0, 'Device memory (GiB): say '
+                     'whether the per-device total fits.', lower_bound=0.0,
+                     flag_values=flag_values)
 
 
 def format_table(count):
@@ -31,14 +47,42 @@ def format_table(count):
   return '\n'.join(rows)
 
 
+def format_plan(plan, device_memory_gb=0.0):
+  """Human-readable per-device memory of a `distributed.memory_plan`."""
+  gib = 2.0 ** 30
+  rows = [f'FSDP over {plan["devices"]} devices, per device:']
+  for label, key in (('weights', 'weights_bytes_per_device'),
+                     ('optimizer slots (Adam)', 'slots_bytes_per_device'),
+                     ('activations (residual stream estimate)',
+                      'activation_bytes_per_device'),
+                     ('total', 'total_bytes_per_device')):
+    rows.append(f'  {label:<40} {plan[key] / gib:>10.3f} GiB')
+  rows.append(f'  (of the weights, replicated small arrays: '
+              f'{plan["replicated_bytes_per_device"] / 2**20:.2f} MiB)')
+  if device_memory_gb:
+    fits = plan['total_bytes_per_device'] <= device_memory_gb * gib
+    rows.append(f'  {"fits" if fits else "does NOT fit"} in '
+                f'{device_memory_gb:g} GiB per device')
+  return '\n'.join(rows)
+
+
 def _info(flag_values):
   from terraformer import param_count  # pylint: disable=g-import-not-at-top
-  count = param_count.count_parameters()
+  plan = None
+  if flag_values.devices:
+    count, plan = param_count.device_memory(
+        flag_values.devices, flag_values.batch_size, flag_values.length)
+  else:
+    count = param_count.count_parameters()
   if flag_values.json:
-    print(json.dumps({'by_layer': count.by_layer, 'total': count.total},
-                     indent=2))
+    report = {'by_layer': count.by_layer, 'total': count.total}
+    if plan:
+      report['per_device'] = plan
+    print(json.dumps(report, indent=2))
   else:
     print(format_table(count))
+    if plan:
+      print(format_plan(plan, flag_values.device_memory_gb))
   return 0
 
 

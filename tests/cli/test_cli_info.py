@@ -67,3 +67,28 @@ def test_console_script_json(tmp_path):
   assert done.returncode == 0, done.stderr[-3000:]
   expected = tiny_lm.transformer_lm_params()
   assert json.loads(done.stdout)['total'] == sum(expected.values())
+
+
+def test_devices_split_weights_slots_and_activations(tmp_path, capsys):
+  """--devices=N: FSDP bytes per device, from the same shapes as the count."""
+  config = '--config_file=' + tiny_lm.write_config(tmp_path)
+  plans = {}
+  for n in (1, 4):
+    code, out, _ = _run(capsys, config, f'--devices={n}', '--batch_size=8',
+                        '--length=64', '--json')
+    assert code == 0
+    result = json.loads(out)
+    plans[n] = result['per_device']
+  total = sum(tiny_lm.transformer_lm_params().values())
+  assert plans[1]['weights_bytes'] == 4 * total  # float32, every weight.
+  assert plans[1]['weights_bytes_per_device'] == 4 * total
+  assert plans[1]['slots_bytes_per_device'] == 2 * 4 * total  # Adam: m, v.
+  # Split over 4 devices: what is replicated (vectors) stays whole.
+  assert (plans[4]['weights_bytes_per_device']
+          == (4 * total - plans[4]['replicated_bytes_per_device']) // 4
+          + plans[4]['replicated_bytes_per_device'])
+  assert plans[4]['weights_bytes_per_device'] < plans[1]['weights_bytes'] / 3
+  assert plans[4]['activation_bytes_per_device'] * 4 == (
+      plans[1]['activation_bytes_per_device']) > 0
+  code, out, _ = _run(capsys, config, '--devices=4', '--device_memory_gb=1e-6')
+  assert code == 0 and 'does NOT fit in 1e-06 GiB per device' in out
