@@ -288,7 +288,8 @@ def memory_plan(weight_shapes, n_devices, slots_per_weight=2,
   leaves = jax.tree_util.tree_leaves(weight_shapes)
   total = sum(_nbytes(x) for x in leaves)
   per_device = sum(_sharded_bytes(x, n_devices) for x in leaves)
-  replicated = [x for x in leaves if not any(fsdp_spec(x.shape, n_devices))]
+  replicated = [x for x in leaves if n_devices > 1
+                and not any(fsdp_spec(x.shape, n_devices))]
   plan = {
       'devices': n_devices,
       'weights_bytes': total,
