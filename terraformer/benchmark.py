@@ -416,6 +416,57 @@ def json_report(report):
 
 
 # ---------------------------------------------------------------------------
+# XLA operations per decoder block.
+
+
+def xla_ops(configs, parse, blocks=(1, 3), prompt_len=16, log=print):
+  """XLA operations per token and per decoder block of each configuration.
+
+  Each model is compiled (from shapes only) with `blocks[0]` and `blocks[1]`
+  decoder blocks and one encoder block; per block = the difference of their
+  `decode_speed.xla_op_counts` / the difference of blocks.
+
+  Returns:
+    list of dicts: name, ops_per_token (at blocks[1] blocks), ops_per_block
+    and ops_per_block_by_kind.
+  """
+  results = []
+  for name, config in configs:
+    counts = []
+    for n in blocks:
+      parse(config, [])
+      model_fn, _, kwargs = configured_model()
+      kwarg = decode_speed.blocks_kwarg(model_fn) or next(
+          (k for k in decode_speed.BLOCK_KWARGS if k in kwargs), None)
+      if not kwarg:
+        raise errors.TerraformerError(
+            f'--xla_ops: {name} has no decoder-blocks argument')
+      overrides = {kwarg: n}
+      if 'n_encoder_layers' in kwargs:
+        overrides['n_encoder_layers'] = 1
+      log(f'xla ops: {name}, {n} decoder blocks...')
+      counts.append(decode_speed.xla_op_counts(
+          model_fn(mode='predict', **overrides), prompt_len))
+    kinds = set(counts[0]) | set(counts[1])
+    by_kind = {k: (counts[1].get(k, 0) - counts[0].get(k, 0)) /
+               (blocks[1] - blocks[0]) for k in sorted(kinds)}
+    results.append({'name': name, 'config': config,
+                    'ops_per_token': sum(counts[1].values()),
+                    'ops_per_block': sum(by_kind.values()),
+                    'ops_per_block_by_kind': {
+                        k: v for k, v in by_kind.items() if v}})
+  return results
+
+
+def format_xla_ops(results):
+  return '\n'.join(
+      f"{r['name']:<28} {r['ops_per_block']:5.1f} XLA ops/block  "
+      + ', '.join(f'{k} {v:g}' for k, v in sorted(
+          r['ops_per_block_by_kind'].items(), key=lambda kv: -kv[1]))
+      for r in results)
+
+
+# ---------------------------------------------------------------------------
 # The user's path: whole decode calls, ours and Trax's.
 
 

@@ -14,6 +14,7 @@ uses; this module gives it random weights, times it and counts its bytes.
 import collections
 import gc
 import inspect
+import re
 import time
 import warnings
 
@@ -201,6 +202,47 @@ def step_bytes(model, weights, state, position, n_tokens=1):
   out = collections.Counter()
   _layer_bytes(model, weights, state, position, n_tokens, out)
   return dict(out)
+
+
+# ---------------------------------------------------------------------------
+# XLA operations a step runs.
+
+# HLO instructions of the entry computation that do no work at run time.
+_FREE_HLO_OPS = ('parameter', 'constant', 'get-tuple-element', 'tuple',
+                 'bitcast')
+
+
+def xla_op_counts(model, prompt_len=16):
+  """{HLO op kind: count} of the compiled steady-state decoding step.
+
+  Counts the instructions of the optimized entry computation (each fusion,
+  dot, copy, conditional, ... is one operation the CPU runtime launches per
+  token), without the free ones. Compiled from shapes only: no weights are
+  allocated.
+  """
+  signature = decode_step.predict_signature(model, prompt_len)
+  weights, state = decode_step.init_shapes(model, signature)
+  scalars = lambda tree: jax.tree_util.tree_map(
+      lambda s: np.zeros((), s.dtype), tree)
+  model.weights, model.state = scalars(weights), scalars(state)
+  jitted = decode_step.make_step(model).jitted
+  x = jax.tree_util.tree_map(
+      lambda s: jax.ShapeDtypeStruct(s.shape, s.dtype), signature)
+  rng = jax.random.PRNGKey(0)
+  _, steady = jax.eval_shape(jitted, x, weights, state, rng)  # tl.Cache full
+  text = jitted.lower(x, weights, steady, rng).compile().as_text()
+  lines = text.split('\n')
+  start = next(i for i, l in enumerate(lines) if l.startswith('ENTRY'))
+  counts = collections.Counter()
+  for line in lines[start + 1:]:
+    if line.startswith('}'):
+      break
+    if ' = ' in line:
+      match = re.search(r' ([a-z][\w-]*)\(', ' ' + line.split(' = ', 1)[1])
+      kind = match.group(1) if match else '?'
+      if kind not in _FREE_HLO_OPS:
+        counts[kind] += 1
+  return dict(counts)
 
 
 # ---------------------------------------------------------------------------

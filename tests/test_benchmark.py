@@ -218,3 +218,18 @@ def test_user_path_decodes_what_trax_decodes():
   assert result['ours_ms_per_token'] > 0 and result['trax_ms_per_token'] > 0
   assert benchmark.format_user_path(report).splitlines()[1].split()[0] == (
       'sparse')
+
+
+def test_xla_ops_per_block():
+  texts = {'dense': LM, 'sparse': LM + SPARSE}
+  dense, sparse = benchmark.xla_ops([(k, k) for k in texts],
+                                    lambda name, extra: _parse(texts[name]),
+                                    log=lambda _: None)
+  for r in (dense, sparse):
+    # Every block compiles to the same operations: a whole number of them.
+    assert r['ops_per_block'] == int(r['ops_per_block']) > 0
+    assert r['ops_per_token'] > 3 * r['ops_per_block']
+    assert sum(r['ops_per_block_by_kind'].values()) == r['ops_per_block']
+  assert dense['ops_per_block_by_kind'].get('dot', 0) >= 1
+  assert benchmark.format_xla_ops([dense]).split()[:2] == ['dense', '%.1f' % (
+      dense['ops_per_block'])]

@@ -4,6 +4,7 @@
       [--tokens=N] [--prompt_len=L] [--repeats=R] [--json=PATH]
       [--compare_trax] [--project_layers=L [--fit_blocks=B]]
   terraformer-bench --trax_user_path --config_file=F [...] [--tokens=N]
+  terraformer-bench --xla_ops --config_file=F [...]
   terraformer-bench --sweep [--config_file=DENSE --config_file=SPARSE]
       [--sweep_d_models=512,1024,2048,4096] [--plot=PATH] [--json=PATH]
 
@@ -26,6 +27,7 @@ the models over d_model and plots the speedup of each over the first.
 bytes to L decoder blocks, beside the paper's seconds (the config's
 PAPER_DECODE_SECONDS). --trax_user_path times whole decode calls instead:
 terraformer.decoding.decode next to Trax's own autoregressive_sample.
+--xla_ops counts the XLA operations per decoder block of each model's step.
 """
 import json
 import os
@@ -65,6 +67,10 @@ def _define_flags(flag_values):
                      'Models held (and timed interleaved) at once; default '
                      '40% of the available memory.', lower_bound=0.1,
                      flag_values=flag_values)
+  flags.DEFINE_bool('xla_ops', False,
+                    'Count the XLA operations per decoder block of each '
+                    'model (compiled from shapes; nothing is timed).',
+                    flag_values=flag_values)
   flags.DEFINE_bool('trax_user_path', False,
                     'Time whole greedy decode calls of each model: '
                     "terraformer.decoding.decode and Trax's "
@@ -166,6 +172,12 @@ def _bench(flag_values, model_files):
     print(benchmark.format_sweep(report))
     benchmark.plot_sweep(report, flag_values.plot)
     print(f'plot: {flag_values.plot}')
+  elif flag_values.xla_ops:
+    if not configs:
+      raise errors.TerraformerError('at least one --config_file is required')
+    report = benchmark.xla_ops(configs, parse,
+                               prompt_len=flag_values.prompt_len, log=_log)
+    print(benchmark.format_xla_ops(report))
   elif flag_values.trax_user_path:
     if not configs:
       raise errors.TerraformerError('at least one --config_file is required')
