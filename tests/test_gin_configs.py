@@ -7,6 +7,8 @@ import sys
 
 import pytest
 
+from terraformer import training
+from terraformer.cli import common
 from terraformer.cli import info
 
 GIN_DIR = os.path.join(os.path.dirname(os.path.dirname(__file__)), 'gin')
@@ -14,9 +16,16 @@ GIN_DIR = os.path.join(os.path.dirname(os.path.dirname(__file__)), 'gin')
 # themselves are checked here and in tests/cli/test_cli_ood.py.
 FRAGMENTS = ('ood/base.gin', 'ood/model_transformer.gin',
              'ood/model_terraformer.gin', 'ood/paper_scale.gin')
-CONFIGS = sorted(
+ALL_CONFIGS = sorted(
     p for p in glob.glob(os.path.join(GIN_DIR, '**', '*.gin'), recursive=True)
     if os.path.relpath(p, GIN_DIR) not in FRAGMENTS)
+# Benchmark variants (gin/bench/: other lengths, pooling or sparsity of the
+# 800M/17B experiments, timed by terraformer-bench / the memory sweep) are
+# parsed and built here, not counted: a shape-only count of an 800M-17B model
+# takes 20-60 s, and the experiments they vary are counted below.
+BENCH_CONFIGS = [p for p in ALL_CONFIGS
+                 if os.path.relpath(p, GIN_DIR).startswith('bench' + os.sep)]
+CONFIGS = [p for p in ALL_CONFIGS if p not in BENCH_CONFIGS]
 FAMILY_800M = ['dense', 'sparse_ff', 'sparse_qkv', 'sparse_ff_qkv',
                'sparse_ff_qkv_loss']
 
@@ -40,6 +49,16 @@ def test_info_runs_on_every_gin_file(counts):
   assert len(counts) >= 10
   for path, count in counts.items():
     assert count['total'] == sum(count['by_layer'].values()) > 0, path
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize('path', BENCH_CONFIGS,
+                         ids=lambda p: os.path.relpath(p, GIN_DIR))
+def test_bench_config_parses_and_builds(path):
+  common.setup()
+  common.parse_gin([path], [])
+  layer = training.model_from_config()(mode='eval')
+  assert layer.sublayers  # A whole model, not an empty Serial.
 
 
 @pytest.mark.slow
