@@ -10,7 +10,8 @@ numpy arrays: weights, model state, optimizer slots, the Loop's rng) and
   2. every file and directory in it is fsynced;
   3. `COMMITTED` (holding the step) is written, fsynced, and the step
      directory and its parent are fsynced. Only a step with this marker
-     exists for `restore`.
+     exists for `restore`;
+  4. then steps older than the newest `keep` are deleted, marker first.
 
 On start (`CheckpointStore.__init__`) leftovers of interrupted saves (orbax
 temporaries, steps without the marker, `*.tmp-*` / Trax `*._tmp_` files) are
@@ -172,6 +173,9 @@ class CheckpointStore:
   """The committed training checkpoints of one output directory."""
 
   def __init__(self, output_dir, keep=2):
+    if not isinstance(keep, int) or keep < 1:
+      raise errors.TerraformerError(
+          f'keep_checkpoints must be a positive integer, got {keep!r}')
     import orbax.checkpoint as ocp  # pylint: disable=g-import-not-at-top
     self._ocp = ocp
     self.output_dir = output_dir
@@ -184,9 +188,9 @@ class CheckpointStore:
   def _manager_(self):
     if self._manager is None:
       os.makedirs(self.directory, exist_ok=True)
+      # Old steps are deleted by `_drop_old`, after the new one is committed.
       options = self._ocp.CheckpointManagerOptions(
-          max_to_keep=self.keep, enable_async_checkpointing=False,
-          create=True)
+          max_to_keep=None, enable_async_checkpointing=False, create=True)
       self._manager = self._ocp.CheckpointManager(
           self.directory, options=options)
     return self._manager
@@ -240,6 +244,20 @@ class CheckpointStore:
     except Exception as e:  # pylint: disable=broad-except
       self._abort(step, e)
     self.last_step = step
+    self._drop_old()
+
+  def _drop_old(self):
+    """Deletes all but the newest `keep` steps, each marker first.
+
+    Without its marker a half-deleted step is a leftover, never a damaged
+    committed one.
+    """
+    for step in self.steps()[self.keep:]:
+      path = os.path.join(self.directory, str(step))
+      os.remove(os.path.join(path, MARKER))
+      fsync(path)
+      shutil.rmtree(path)
+    self._manager_().reload()
 
   def _abort(self, step, error):
     """Removes the partial step `step` and raises one TerraformerError."""

@@ -3,6 +3,7 @@ import functools
 import glob
 import json
 import os
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -150,12 +151,20 @@ def _stream_with_nan_at(step):
 def test_non_finite_loss_stops_training_before_its_checkpoint(tmp_path):
   with pytest.raises(errors.TerraformerError, match=(
       r'^non-finite loss \(nan\) at step 3: training stopped, nothing saved '
-      r'for this step; last checkpoint: step 2$')):
+      r'for this step; last checkpoint: step 2')):
     _train(tmp_path, 4, checkpoint_every=1, train_stream=_stream_with_nan_at(3))
   assert sorted(os.listdir(tmp_path / 'checkpoints')) == ['1', '2']
   saved = checkpoints.read_trax_checkpoint(str(tmp_path / 'model.pkl.gz'))
   assert saved['step'] == 2
   assert all(np.isfinite(w).all() for w in saved['flat_weights'])
+  # A run from before checkpoints/ (only Trax's model.pkl.gz) still resumes.
+  shutil.rmtree(tmp_path / 'checkpoints')
+  loop = _train(tmp_path, 3, callbacks=[Recorder])
+  assert Recorder.instances[-1].first_weights is not None
+  for a, b in zip(Recorder.instances[-1].first_weights,
+                  saved['flat_weights']):
+    np.testing.assert_array_equal(a, b)
+  assert loop.step == 3 and checkpoints.committed_steps(str(tmp_path)) == [3]
 
 
 def test_skip_non_finite_undoes_and_counts_the_step(tmp_path, capsys):
