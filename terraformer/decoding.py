@@ -33,9 +33,10 @@ Trax's `logsoftmax_sample(log_probs, temperature=0.5)`, i.e. sampling from
 `method='sample', temperature=0.5` here (`PAPER_SETTINGS`).
 
 Each decoding step is ONE call of a jitted function `step_fn(x, weights,
-state, rng) -> (outputs, new_state)` (by default `jax.jit(model.pure_fn)`,
-see `default_step_fn`); pass another `step_fn` with the same signature (e.g.
-one that donates the state) to `decode` to swap it. Token selection runs on
+state, rng) -> (outputs, new_state)`: by default `decode_step.make_step`,
+`jax.jit(model.pure_fn)` with the state donated, so caches update in place
+(see `default_step_fn`); pass another `step_fn` with the same signature to
+`decode` to swap it. Token selection runs on
 the host in numpy, seeded by `seed`.
 """
 import contextlib
@@ -46,9 +47,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from trax.layers import attention
-from trax import shapes
 import tqdm
 
+from terraformer import decode_step
 from terraformer import errors
 
 METHODS = ('greedy', 'sample', 'beam')
@@ -59,21 +60,20 @@ _PROGRESS_MIN_STEPS = 64
 
 
 def default_step_fn(model):
-  """Returns the jitted per-token call of `model`: `jax.jit(model.pure_fn)`.
+  """The jitted, state-donating per-token call of `model` (make_step).
 
-  `step_fn(x, weights, state, rng) -> (outputs, new_state)`. Cached on the
-  model, so repeated `decode` calls reuse the compiled steps.
+  `step_fn(x, weights, state, rng) -> (outputs, new_state)`; the state
+  passed in is consumed. Cached on the model, so repeated `decode` calls
+  reuse the compiled steps.
   """
   fn = getattr(model, '_terraformer_step_fn', None)
   if fn is None:
-    fn = jax.jit(model.pure_fn)
+    fn = decode_step.make_step(model, donate_state=True)
     model._terraformer_step_fn = fn  # pylint: disable=protected-access
   return fn
 
 
-def is_encoder_decoder(model):
-  """True for `(inputs, targets)` models, False for decoder-only LMs."""
-  return model.n_in >= 2
+is_encoder_decoder = decode_step.is_encoder_decoder
 
 
 def model_max_length(model):
@@ -95,10 +95,7 @@ def model_max_length(model):
 
 
 def _signature(model, batch, input_length):
-  token = shapes.ShapeDtype((batch, 1), np.int32)
-  if is_encoder_decoder(model):
-    return (shapes.ShapeDtype((batch, input_length), np.int32), token)
-  return token
+  return decode_step.predict_signature(model, input_length, batch)
 
 
 def initial_state(model, signature):

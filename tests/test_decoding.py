@@ -8,6 +8,7 @@ from trax import layers as tl
 from trax import shapes
 from trax.supervised import decoding as trax_decoding
 
+from terraformer import decode_step
 from terraformer import decoding
 from terraformer import errors
 from terraformer.models import ScalingTransformer
@@ -506,13 +507,20 @@ def test_terraformer_decoding_matches_eval_forward():
 
 @pytest.mark.slow
 def test_state_donating_step_fn():
-  # A step that donates (consumes) the state, as terraformer.decode_speed's.
-  decode_speed = pytest.importorskip('terraformer.decode_speed')
+  # The default step donates (consumes) the state: same tokens as a step
+  # that copies it.
   _, model = _trained_pair(_tiny_encdec, 'sparse_ff_qkv_loss',
                            (shapes.ShapeDtype((1, 6), np.int32),) * 2, seed=20)
   inputs = [[5, 9, 3, 12], [7, 8, 20]]
-  step = decode_speed.make_step(model, donate_state=True)
+  copying = decode_step.make_step(model, donate_state=False)
   for kwargs in ({}, {'method': 'beam', 'beam_size': 2}):
     np.testing.assert_array_equal(
-        decoding.decode(model, inputs, max_length=6, step_fn=step, **kwargs),
-        decoding.decode(model, inputs, max_length=6, **kwargs))
+        decoding.decode(model, inputs, max_length=6, **kwargs),
+        decoding.decode(model, inputs, max_length=6, step_fn=copying,
+                        **kwargs))
+  step = decoding.default_step_fn(model)
+  x = (np.zeros((1, 4), np.int32), np.zeros((1, 1), np.int32))
+  state = decoding.initial_state(model, decode_step.predict_signature(model, 4))
+  _, state = step(x, model.weights, state, model.rng)   # Runs the encoder.
+  _, new_state = step(x, model.weights, state, model.rng)
+  assert all(leaf.is_deleted() for leaf in jax.tree_util.tree_leaves(state))
