@@ -340,6 +340,14 @@ def _trax_row(trax):
           _f(trax.get('ms_per_block'), '.2f')] + ['']*7
 
 
+def _aligned(rows):
+  """Rows of strings as text lines: first column left-, others right-aligned."""
+  widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+  return ['  '.join(c.ljust(w) if i == 0 else c.rjust(w)
+                    for i, (c, w) in enumerate(zip(row, widths))).rstrip()
+          for row in rows]
+
+
 def format_table(report):
   """The results of `run` as an aligned text table."""
   models = report['models']
@@ -349,10 +357,7 @@ def format_table(report):
   for result in models:
     if 'trax' in result:
       rows.append(_trax_row(result['trax']))
-  widths = [max(len(r[i]) for r in rows) for i in range(len(HEADER))]
-  lines = ['  '.join(c.ljust(w) if i == 0 else c.rjust(w)
-                     for i, (c, w) in enumerate(zip(row, widths))).rstrip()
-           for row in rows]
+  lines = _aligned(rows)
   settings = report['settings']
   lines.append(
       f"batch 1, {settings['tokens']} tokens after a "
@@ -386,10 +391,7 @@ def format_projection(report):
         _f(None if not bound else r['projected_ms_per_token'] / bound, '.2f'),
         f"{r['projected_speedup']:.2f}x", _f(paper, '.3f'),
         _f(paper0 / paper if paper and paper0 else None, '.2f')])
-  widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-  lines = ['  '.join(c.ljust(w) if i == 0 else c.rjust(w)
-                     for i, (c, w) in enumerate(zip(row, widths))).rstrip()
-           for row in rows]
+  lines = _aligned(rows)
   s = report['settings']
   lines.append(
       f"measured: each model with {s['fit_blocks']} decoder block(s), no "
@@ -559,10 +561,7 @@ def format_user_path(report):
                  f"{r['ours_first_call_s']:.1f}",
                  f"{r['trax_first_call_s']:.1f}",
                  'yes' if r['same_tokens'] else 'NO'])
-  widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-  lines = ['  '.join(c.ljust(w) if i == 0 else c.rjust(w)
-                     for i, (c, w) in enumerate(zip(row, widths))).rstrip()
-           for row in rows]
+  lines = _aligned(rows)
   s = report['settings']
   lines.append(
       f"whole greedy decode calls, batch 1, {s['tokens']} tokens after a "
