@@ -1,8 +1,14 @@
-"""terraformer-memory-bench: training-step memory vs depth, reversible or not.
+"""terraformer-memory-bench: training-step memory vs depth or input length.
 
   terraformer-memory-bench --config_file=F [--config='BINDING']
       [--layers=1,2,4,8] [--batch_size=N] [--input_len=N] [--target_len=N]
       [--json]
+  terraformer-memory-bench --input_lens=1024,2048,... --config_file=A
+      [--config_file=B ...] [--config='BINDING'] [--batch_size=N]
+      [--target_len=N] [--repeats=R] [--time_budget_gb=G] [--plot=PNG]
+      [--json]
+
+Depth (without --input_lens):
 
 For each number of layers n (encoder and decoder each), the model bound to
 `terraformer.train.model` (a `Terraformer`) is built with n + n layers, once
@@ -13,6 +19,14 @@ abstract inputs (nothing is allocated or run). XLA's buffer assignment gives
 its memory: arguments (weights, state, batch) + outputs (gradients) +
 temporaries (activations kept for the backward pass, workspace). The figures
 are exact for the compiled program and deterministic.
+
+Input length (--input_lens, Pyramidion Fig. 4, CST Fig. 2): as in
+terraformer-bench, EACH --config_file is one model ('a.gin+b.gin' composes
+two files), all measured in one run; --config bindings apply to every model.
+For each input length the model's gradient step is compiled the same way
+(memory), and where it needs at most --time_budget_gb it also runs on random
+tokens: the median ms of --repeats calls after a warm-up
+(`terraformer.long_input_benchmark`).
 """
 import json
 import sys
@@ -36,18 +50,28 @@ def _define_flags(flag_values):
                        lower_bound=1, flag_values=flag_values)
   flags.DEFINE_integer('target_len', 256, 'Target (decoder) length.',
                        lower_bound=1, flag_values=flag_values)
+  flags.DEFINE_list('input_lens', None,
+                    'Sweep these input lengths; each --config_file is a '
+                    'model.', flag_values=flag_values)
+  flags.DEFINE_integer('repeats', 3, 'Timed steps per length (--input_lens).',
+                       lower_bound=1, flag_values=flag_values)
+  flags.DEFINE_float('time_budget_gb', 4.0,
+                     'Time only steps whose compiled memory fits (GiB).',
+                     lower_bound=0.0, flag_values=flag_values)
+  flags.DEFINE_string('plot', None, 'PNG of the --input_lens sweep.',
+                      flag_values=flag_values)
   flags.DEFINE_bool('json', False, 'Print JSON instead of a table.',
                     flag_values=flag_values)
 
 
-def _layer_counts(values):
+def _positive_ints(values, flag):
   try:
     counts = [int(v) for v in values]
   except ValueError:
     raise errors.TerraformerError(
-        f'--layers must be integers, got {",".join(values)!r}') from None
+        f'--{flag} must be integers, got {",".join(values)!r}') from None
   if not counts or min(counts) < 1:
-    raise errors.TerraformerError('--layers must be positive integers')
+    raise errors.TerraformerError(f'--{flag} must be positive integers')
   return counts
 
 
@@ -58,11 +82,7 @@ def step_memory(model_fn, n_layers, reversible, batch_size, input_len,
   Weights, state and batch are abstract (`jax.ShapeDtypeStruct`): the step
   is lowered and compiled, never run.
   """
-  import jax  # pylint: disable=g-import-not-at-top
-  import numpy as np  # pylint: disable=g-import-not-at-top
-  from trax import layers as tl  # pylint: disable=g-import-not-at-top
-  from trax import shapes  # pylint: disable=g-import-not-at-top
-
+  from terraformer import long_input_benchmark as lib  # pylint: disable=g-import-not-at-top
   try:
     model = model_fn(mode='train', n_encoder_layers=n_layers,
                      n_decoder_layers=n_layers, reversible=reversible)
@@ -70,30 +90,9 @@ def step_memory(model_fn, n_layers, reversible, batch_size, input_len,
     raise errors.TerraformerError(
         f'the configured model does not take n_encoder_layers, '
         f'n_decoder_layers and reversible (a Terraformer does): {e}') from None
-  loss_model = tl.Serial(model, tl.WeightedCategoryCrossEntropy())
-  batch = (jax.ShapeDtypeStruct((batch_size, input_len), np.int32),
-           jax.ShapeDtypeStruct((batch_size, target_len), np.int32),
-           jax.ShapeDtypeStruct((batch_size, target_len), np.float32))
-  signature = tuple(shapes.ShapeDtype(b.shape, b.dtype) for b in batch)
-
-  def init(rng):
-    return loss_model.init(signature, rng=rng)
-
-  weights, state = jax.eval_shape(init, jax.random.PRNGKey(0))
-
-  def loss(w, s, batch, rng):
-    value, new_state = loss_model.pure_fn(batch, w, s, rng)
-    return value, new_state
-
-  grad_step = jax.jit(jax.value_and_grad(loss, has_aux=True))
-  rng = jax.ShapeDtypeStruct((2,), np.uint32)
-  stats = grad_step.lower(weights, state, batch, rng).compile()
-  stats = stats.memory_analysis()
-  out = dict(argument=stats.argument_size_in_bytes,
-             output=stats.output_size_in_bytes,
-             temp=stats.temp_size_in_bytes)
-  out['total'] = sum(out.values())
-  return out
+  compiled, _ = lib.compile_grad_step(model, batch_size, input_len,
+                                      target_len)
+  return lib.memory_of(compiled)
 
 
 def format_table(rows):
@@ -110,7 +109,7 @@ def format_table(rows):
 
 
 def _bench(flag_values):
-  counts = _layer_counts(flag_values.layers)
+  counts = _positive_ints(flag_values.layers, 'layers')
   common.require_bindings('terraformer.train', ['model'])
   from terraformer import training  # pylint: disable=g-import-not-at-top
   model_fn = training.model_from_config()
@@ -135,8 +134,60 @@ def _bench(flag_values):
   return 0
 
 
+def _length_bench(flag_values, model_files):
+  from terraformer import long_input_benchmark as lib  # pylint: disable=g-import-not-at-top
+  from terraformer import training  # pylint: disable=g-import-not-at-top
+  from terraformer.cli import bench  # pylint: disable=g-import-not-at-top
+  lens = _positive_ints(flag_values.input_lens, 'input_lens')
+  if not model_files:
+    raise errors.TerraformerError('at least one --config_file is required')
+  report = dict(batch_size=flag_values.batch_size,
+                target_len=flag_values.target_len, models={})
+  taken = set()
+  for files in model_files:
+    name = bench.model_name(files, taken)
+    common.parse_gin(files, flag_values.config)
+    common.require_bindings('terraformer.train', ['model'])
+    print(f'{name}:', file=sys.stderr, flush=True)
+    report['models'][name] = lib.length_sweep(
+        training.model_from_config(), lens, flag_values.target_len,
+        flag_values.batch_size, flag_values.time_budget_gb * 2 ** 30,
+        flag_values.repeats,
+        log=lambda m: print(f'  {m}', file=sys.stderr, flush=True))
+  if flag_values.plot:
+    lib.plot(report, flag_values.plot)
+  if flag_values.json:
+    print(json.dumps(report, indent=2))
+  else:
+    print(f'gradient step, batch {report["batch_size"]}, target '
+          f'{report["target_len"]} tokens; MiB = compiled arguments + outputs '
+          f'+ temporaries; ms = median of {flag_values.repeats} steps '
+          f'(- : over {flag_values.time_budget_gb:g} GiB, not run)')
+    print(lib.format_table(report))
+    if flag_values.plot:
+      print(f'plot: {flag_values.plot}')
+  return 0
+
+
 def main(argv=None):
-  return common.run(PROG, argv, _define_flags, _bench)
+  argv = list(sys.argv if argv is None else argv)
+  if not any(a.startswith('--input_lens') for a in argv[1:]):
+    return common.run(PROG, argv, _define_flags, _bench)
+  from terraformer.cli import bench  # pylint: disable=g-import-not-at-top
+  try:
+    argv, model_files = bench.split_config_files(argv)
+  except errors.TerraformerError as e:
+    print(f'{PROG}: error: {e}', file=sys.stderr)
+    return common.EXIT_USAGE
+
+  def precheck(flag_values):
+    common.check_config_files([f for files in model_files for f in files])
+    if flag_values.plot:
+      bench._check_writable_file(flag_values.plot, 'plot')  # pylint: disable=protected-access
+
+  return common.run(PROG, argv, _define_flags,
+                    lambda fv: _length_bench(fv, model_files),
+                    precheck=precheck)
 
 
 if __name__ == '__main__':

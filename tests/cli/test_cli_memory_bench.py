@@ -72,3 +72,82 @@ def test_errors(tmp_path, capsys, args, config, message):
   code, _, err = _run(capsys, tmp_path, *args, config=config)
   assert code == 2
   assert len(err.splitlines()) == 1 and message in err, err
+
+
+# --- --input_lens: memory and step time vs input length -------------------
+
+TINY_POOLED = TINY_TERRAFORMER + """
+Terraformer.encoder_attention_type = 'blockwise'
+Terraformer.block_len = 64
+Terraformer.encoder_pooling = {0: 64}
+"""
+
+
+def _run_lengths(capsys, tmp_path, *args, configs=None):
+  paths = []
+  for name, text in (configs or {}).items():
+    paths.append(tmp_path / f'{name}.gin')
+    paths[-1].write_text(text)
+  code = memory_bench.main(['terraformer-memory-bench',
+                            *[f'--config_file={p}' for p in paths], *args])
+  out, err = capsys.readouterr()
+  return code, out, err
+
+
+@pytest.mark.slow
+def test_memory_grows_slower_with_length_when_pooled(tmp_path, capsys):
+  one_layer = ('Terraformer.n_encoder_layers = 1\n'
+               'Terraformer.n_decoder_layers = 1\n')
+  plot = tmp_path / 'lengths.png'
+  code, out, _ = _run_lengths(
+      capsys, tmp_path, '--input_lens=128,512', '--target_len=32',
+      '--repeats=1', '--time_budget_gb=1', f'--plot={plot}', '--json',
+      configs={'full': TINY_TERRAFORMER + one_layer,
+               'pooled': TINY_POOLED + one_layer})
+  assert code == 0
+  report = json.loads(out)
+  assert (report['batch_size'], report['target_len']) == (1, 32)
+  assert list(report['models']) == ['full', 'pooled']
+  growth = {}
+  for name, rows in report['models'].items():
+    assert [r['input_len'] for r in rows] == [128, 512]
+    for row in rows:
+      m = row['memory']
+      assert m['total'] == m['argument'] + m['output'] + m['temp'] > 0
+      assert row['step_ms'] > 0
+    growth[name] = rows[1]['memory']['total'] - rows[0]['memory']['total']
+  # Full attention keeps [1, 4, 544, 544] attention weights in the decoder
+  # (encoder outputs + targets); pooled, the decoder sees 64 + 32 positions.
+  assert growth['full'] > 2 * growth['pooled'] > 0
+  assert plot.stat().st_size > 0
+
+
+def test_length_table_and_budget(tmp_path, capsys):
+  code, out, _ = _run_lengths(
+      capsys, tmp_path, '--input_lens=32', '--target_len=8',
+      '--time_budget_gb=0', configs={'full': TINY_TERRAFORMER})
+  assert code == 0
+  lines = out.splitlines()
+  assert lines[0].startswith('gradient step, batch 1, target 8 tokens')
+  assert lines[1].split() == ['input', 'full', 'MiB', 'ms']
+  cells = lines[2].split()
+  # Over the time budget (0 GiB): compiled for memory, not run.
+  assert cells[0] == '32' and float(cells[1]) > 0 and cells[2] == '-'
+  assert len(lines) == 3
+
+
+@pytest.mark.parametrize('args, configs, message', [
+    (['--input_lens=1,x'], {'full': TINY_TERRAFORMER},
+     '--input_lens must be integers'),
+    (['--input_lens=0'], {'full': TINY_TERRAFORMER},
+     '--input_lens must be positive'),
+    (['--input_lens=32'], {}, 'at least one --config_file'),
+    (['--input_lens=32'], {'bad': 'Terraformer.d_model = 32\n'},
+     'missing gin binding'),
+    (['--input_lens=32', '--plot=/no/such/dir/x.png'], {'full': TINY_TERRAFORMER},
+     'does not exist'),
+])
+def test_length_errors(tmp_path, capsys, args, configs, message):
+  code, _, err = _run_lengths(capsys, tmp_path, *args, configs=configs)
+  assert code == 2
+  assert len(err.splitlines()) == 1 and message in err, err
