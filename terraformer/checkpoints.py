@@ -132,12 +132,8 @@ def read_trax_checkpoint(path):
           MemoryError) as e:
     raise errors.TerraformerError(
         f'checkpoint file {part} is damaged or truncated '
-        f'({type(e).__name__}: {_first_line(e)})') from None
+        f'({type(e).__name__}: {errors.first_line(e, 200)})') from None
   return checkpoint
-
-
-def _first_line(error):
-  return (str(error).strip().splitlines() or [''])[0][:200]
 
 
 def is_disk_full(error):
@@ -268,7 +264,7 @@ class CheckpointStore:
           os.path.join(self.directory, name, MARKER)):
         shutil.rmtree(os.path.join(self.directory, name), ignore_errors=True)
     what = ('disk full' if is_disk_full(error)
-            else f'{type(error).__name__}: {_first_line(error)}')
+            else f'{type(error).__name__}: {errors.first_line(error, 200)}')
     kept = (f'last good checkpoint: step {self.steps()[0]}' if self.steps()
             else 'no earlier checkpoint')
     raise errors.TerraformerError(
@@ -337,5 +333,6 @@ class CheckpointStore:
     fsync(self.directory)
     self._manager = None
     print(f'Checkpoint step {step} in {self.directory} is damaged '
-          f'({type(error).__name__}: {_first_line(error)}); moved to {aside}, '
+          f'({type(error).__name__}: {errors.first_line(error, 200)}); '
+          f'moved to {aside}, '
           'trying the previous one', file=sys.stderr, flush=True)

@@ -80,7 +80,7 @@ def initialize(coordinator_address=None, num_processes=None, process_id=None,
     raise errors.TerraformerError(
         f'could not join the job at {coordinator_address} as process '
         f'{process_id} of {num_processes} within {timeout_s} s: '
-        f'{_first_line(e)}') from None
+        f'{errors.first_line(e)}') from None
   return jax.process_index(), jax.process_count()
 
 
@@ -118,11 +118,6 @@ def exit_now(code=2):
   sys.stdout.flush()
   sys.stderr.flush()
   os._exit(code)  # pylint: disable=protected-access
-
-
-def _first_line(e):
-  text = str(e).strip()
-  return text.splitlines()[0] if text else repr(e)
 
 
 def device_mesh(devices=None):
@@ -252,7 +247,7 @@ class ShardedTrainer:
         raise
       raise ProcessGroupError(
           f'step {self.step}: a collective with the other processes failed '
-          f'(another process probably died): {_first_line(e)}') from None
+          f'(another process probably died): {errors.first_line(e)}') from None
 
   def gathered_weights(self):
     """The full weights as numpy arrays (on every process)."""

@@ -55,11 +55,6 @@ def _one_line(error):
   return '; '.join(lines) or type(error).__name__
 
 
-def _first_line(error):
-  lines = [l.strip() for l in str(error).splitlines() if l.strip()]
-  return lines[0] if lines else type(error).__name__
-
-
 @contextlib.contextmanager
 def _quiet_stderr():
   """Hides what is written to stderr (fd 2) inside, unless an error occurs.
@@ -188,12 +183,12 @@ def run(prog, argv, define_flags, body, precheck=None):
     parse_gin(flag_values.config_file, flag_values.config)
     return body(flag_values) or 0
   except flags.Error as e:
-    print(f'{prog}: error: {_first_line(e)}', file=sys.stderr)
+    print(f'{prog}: error: {errors.first_line(e)}', file=sys.stderr)
   except errors.TerraformerError as e:
-    print(f'{prog}: error: {_first_line(e)}', file=sys.stderr)
+    print(f'{prog}: error: {errors.first_line(e)}', file=sys.stderr)
   except OSError as e:  # The machine's state (disk full, permissions).
     where = f': {e.filename}' if e.filename else ''
-    print(f'{prog}: error: {e.strerror or _first_line(e)}{where}',
+    print(f'{prog}: error: {e.strerror or errors.first_line(e)}{where}',
           file=sys.stderr)
   except Exception as e:  # pylint: disable=broad-except
     # Trax re-raises errors of a layer's init or forward as a LayerError
