@@ -102,16 +102,17 @@ class _CheckpointedLoop(training.Loop):
     self.skipped_steps = 0  # Non-finite steps skipped (skip_non_finite).
     super().__init__(*args, **kwargs)
 
-  def _train_state(self):
-    """name -> numpy array of everything a resume needs."""
+  def _train_state(self, convert=np.asarray):
+    """name -> numpy array (`convert` of each leaf) of everything a resume
+    needs."""
     parts = {'weights': self._model.weights, 'state': self._model.state,
              'eval_state': self._eval_model.state}
     for i, trainer in enumerate(self._trainer_per_task):
       parts[f'slots{i}'] = trainer.slots
-    arrays = {f'{part}_{j:05d}': np.asarray(leaf)
+    arrays = {f'{part}_{j:05d}': convert(leaf)
               for part, tree in parts.items()
               for j, leaf in enumerate(_leaves(tree))}
-    arrays['rng'] = np.asarray(self._rng)
+    arrays['rng'] = convert(self._rng)
     return arrays
 
   def _set_train_state(self, arrays):
@@ -129,7 +130,8 @@ class _CheckpointedLoop(training.Loop):
   def load_checkpoint(self, directory=None, filename=None):
     if directory or filename or self._output_dir is None:
       return super().load_checkpoint(directory, filename)
-    shapes = {k: (v.shape, v.dtype) for k, v in self._train_state().items()}
+    # Shapes only: no host copy of the weights and slots at start-up.
+    shapes = self._train_state(lambda x: (np.shape(x), np.dtype(x.dtype)))
     restored = self._store.restore(shapes)
     if restored is None:
       self._load_trax_checkpoint()
