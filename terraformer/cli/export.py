@@ -72,8 +72,7 @@ def main(argv=None):
           f'unexpected argument(s): {" ".join(extra)}')
     return _export(flag_values)
   except (flags.Error, errors.TerraformerError) as e:
-    print(f'{PROG}: error: {common._first_line(e)}',  # pylint: disable=protected-access
-          file=sys.stderr)
+    print(f'{PROG}: error: {errors.first_line(e)}', file=sys.stderr)
   return common.EXIT_USAGE
 
 
