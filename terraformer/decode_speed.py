@@ -27,6 +27,7 @@ from trax.layers import combinators as trax_combinators
 from trax.layers import core as trax_core
 
 from terraformer import decode_step
+from terraformer.layers.lsh_attention import CausalDotProductAttention
 from terraformer.layers.prefix_attention import PrefixCausalAttention
 from terraformer.layers.prefix_attention import bucket_for
 from terraformer.layers.sparse_ff import SparseFF
@@ -127,7 +128,8 @@ def _row_bytes(array, n_rows):
       array.dtype.itemsize)
 
 
-def _leaf_layer_bytes(layer, weights, state, position, n_tokens):
+def _leaf_layer_bytes(layer, weights, state, position, n_tokens,
+                      encoder_len=0):
   """Bytes one step reads from a layer without sublayers.
 
   Default: all its weights and all its state (caches). Layers known to read
@@ -156,10 +158,21 @@ def _leaf_layer_bytes(layer, weights, state, position, n_tokens):
                       min_bucket=layer.buckets[0])
     per_position = lambda a: _nbytes(a) // a.shape[1]
     return size * (per_position(keys) + per_position(values)) + _nbytes(index)
+  if isinstance(layer, CausalDotProductAttention) and len(state) == 4:
+    # The Terraformer's decoder cache [batch * heads, max_len, ...] holds the
+    # encoder_len encoder positions, then the decoder's: the step reads the
+    # keys, values and validity of the smallest bucket holding them all.
+    keys, values, valid, index = state
+    size = bucket_for(encoder_len + position + n_tokens, keys.shape[1],
+                      min_bucket=layer.buckets[0])
+    per_position = lambda a: _nbytes(a) // a.shape[1]
+    return size * sum(per_position(a) for a in (keys, values, valid)) + (
+        _nbytes(index))
   return _nbytes(weights) + _nbytes(state)
 
 
-def _layer_bytes(layer, weights, state, position, n_tokens, out):
+def _layer_bytes(layer, weights, state, position, n_tokens, out,
+                 encoder_len=0):
   if isinstance(weights, dict) and weights == tl.GET_WEIGHTS_FROM_CACHE:
     weights = layer.weights  # A shared layer, read again at each use.
   if isinstance(layer, trax_combinators.Cache):
@@ -169,7 +182,7 @@ def _layer_bytes(layer, weights, state, position, n_tokens, out):
       out['Cache'] += _nbytes(cached)
       return
     _layer_bytes(layer.sublayer, weights[0], sub_state, position, n_tokens,
-                 out)
+                 out, encoder_len)
     return
   subs = layer.sublayers
   if subs:
@@ -177,14 +190,15 @@ def _layer_bytes(layer, weights, state, position, n_tokens, out):
       sub_w = weights[i] if len(weights) == len(subs) else ()
       sub_s = state[i] if (isinstance(state, (tuple, list))
                            and len(state) == len(subs)) else ()
-      _layer_bytes(sub, sub_w, sub_s, position, n_tokens, out)
+      _layer_bytes(sub, sub_w, sub_s, position, n_tokens, out, encoder_len)
     return
-  n = _leaf_layer_bytes(layer, weights, state, position, n_tokens)
+  n = _leaf_layer_bytes(layer, weights, state, position, n_tokens,
+                        encoder_len)
   if n:
     out[type(layer).__name__] += n
 
 
-def step_bytes(model, weights, state, position, n_tokens=1):
+def step_bytes(model, weights, state, position, n_tokens=1, encoder_len=0):
   """Bytes of weights and caches one predict step reads, by layer class.
 
   Args:
@@ -194,13 +208,17 @@ def step_bytes(model, weights, state, position, n_tokens=1):
       encoder then is cached and not run again).
     position: decoder position of the token the step decodes (0 first).
     n_tokens: tokens per step (batch size; 1 unbatched).
+    encoder_len: encoder positions ahead of the decoder's in a decoder cache
+      that holds both (the Terraformer's `CausalDotProductAttention`: its
+      first call primes the cache with the encoder_len encoder positions, so
+      decoder position p sits at cache index encoder_len + p).
 
   Returns:
     {layer class name: bytes}; activations (vectors of d_model floats) are
     not counted.
   """
   out = collections.Counter()
-  _layer_bytes(model, weights, state, position, n_tokens, out)
+  _layer_bytes(model, weights, state, position, n_tokens, out, encoder_len)
   return dict(out)
 
 
@@ -217,8 +235,10 @@ def xla_op_counts(model, prompt_len=16):
 
   Counts the instructions of the optimized entry computation (each fusion,
   dot, copy, conditional, ... is one operation the CPU runtime launches per
-  token), without the free ones. Compiled from shapes only: no weights are
-  allocated.
+  token), without the free ones. A `conditional` runs one of its branches:
+  the operations of its largest branch count too (`hlo_op_counts`), so a
+  `lax.switch` does not hide the work it runs. Compiled from shapes only: no
+  weights are allocated.
   """
   signature = decode_step.predict_signature(model, prompt_len)
   weights, state = decode_step.init_shapes(model, signature)
@@ -230,19 +250,68 @@ def xla_op_counts(model, prompt_len=16):
       lambda s: jax.ShapeDtypeStruct(s.shape, s.dtype), signature)
   rng = jax.random.PRNGKey(0)
   _, steady = jax.eval_shape(jitted, x, weights, state, rng)  # tl.Cache full
-  text = jitted.lower(x, weights, steady, rng).compile().as_text()
-  lines = text.split('\n')
-  start = next(i for i, l in enumerate(lines) if l.startswith('ENTRY'))
-  counts = collections.Counter()
-  for line in lines[start + 1:]:
-    if line.startswith('}'):
-      break
-    if ' = ' in line:
+  return hlo_op_counts(jitted.lower(x, weights, steady, rng).compile()
+                       .as_text())
+
+
+def _hlo_computations(text):
+  """{computation name: [(op kind, instruction text)]}, and the entry's."""
+  computations, entry, name = {}, None, None
+  for line in text.split('\n'):
+    header = re.match(r'(ENTRY )?%?([\w.-]+) \(.*\{$', line)
+    if header and not line.startswith(' '):
+      name = header.group(2)
+      computations[name] = []
+      if header.group(1):
+        entry = name
+    elif line.startswith('}'):
+      name = None
+    elif name is not None and ' = ' in line:
       match = re.search(r' ([a-z][\w-]*)\(', ' ' + line.split(' = ', 1)[1])
-      kind = match.group(1) if match else '?'
-      if kind not in _FREE_HLO_OPS:
+      computations[name].append((match.group(1) if match else '?', line))
+  return computations, entry
+
+
+def hlo_op_counts(text):
+  """{op kind: count} of an optimized HLO module's entry computation.
+
+  Free instructions (parameters, constants, tuples, bitcasts) do not count;
+  a `conditional` counts once plus the operations of its largest branch; a
+  `while` once plus one pass of its condition and body (the trip count is
+  not known here); a `call` its callee's operations.
+  """
+  computations, entry = _hlo_computations(text)
+
+  def count(name, seen=()):
+    counts = collections.Counter()
+    for kind, line in computations.get(name, ()):
+      if kind in _FREE_HLO_OPS:
+        continue
+      if kind != 'call':
         counts[kind] += 1
-  return dict(counts)
+      if name in seen:
+        continue
+      inner = seen + (name,)
+      if kind == 'conditional':
+        branches = re.search(r'branch_computations=\{([^}]*)\}', line)
+        names = ([b.strip().lstrip('%') for b in branches.group(1).split(',')]
+                 if branches else re.findall(
+                     r'(?:true|false)_computation=%?([\w.-]+)', line))
+        counts.update(max((count(b, inner) for b in names),
+                          key=lambda c: sum(c.values()),
+                          default=collections.Counter()))
+      elif kind == 'while':
+        for key in ('condition', 'body'):
+          callee = re.search(key + r'=%?([\w.-]+)', line)
+          if callee:
+            counts.update(count(callee.group(1), inner))
+      elif kind == 'call':
+        callee = re.search(r'to_apply=%?([\w.-]+)', line)
+        if callee:
+          counts.update(count(callee.group(1), inner))
+    return counts
+
+  return dict(count(entry))
 
 
 # ---------------------------------------------------------------------------
@@ -309,6 +378,8 @@ class DecodeTimer:
         lambda s: np.zeros((), s.dtype), self.state_shapes)
     self._step = decode_step.make_step(model).jitted
     self.steady_state = None    # State shapes after the first call.
+    # Encoder positions primed into a decoder cache (step_bytes).
+    self.encoder_len = prompt_len if self.encdec else 0
     self.first_position = None  # Decoder position of the first timed token.
 
   def _prime(self):
@@ -361,7 +432,7 @@ class DecodeTimer:
     for position in range(self.first_position,
                           self.first_position + self.tokens):
       totals.update(step_bytes(self.model, self.weights, self.steady_state,
-                               position))
+                               position, encoder_len=self.encoder_len))
     by_layer = {k: v / self.tokens for k, v in totals.items()}
     return by_layer, sum(by_layer.values())
 

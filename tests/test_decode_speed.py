@@ -5,6 +5,7 @@ import functools
 import numpy as np
 import pytest
 import jax
+import jax.numpy as jnp
 from trax import shapes
 from trax.models.research import configurable_transformer as ct
 
@@ -223,3 +224,45 @@ def test_benchmark_fields_are_consistent():
 def test_gemv_bandwidth_is_positive():
   median, best = decode_speed.gemv_bandwidth(megabytes=8, repeats=3)
   assert 0 < median <= best
+
+
+def test_terraformer_decoder_cache_bytes_are_its_filled_bucket():
+  from terraformer.models import Terraformer   # pylint: disable=g-import-not-at-top
+  model = Terraformer(input_vocab_size=V, d_model=D, d_ff=D_FF,
+                      n_encoder_layers=1, n_decoder_layers=2, n_heads=HEADS,
+                      dropout=0.0, max_len=MAX_LEN, ff_sparsity=N,
+                      d_lowrank=LOWRANK, encoder_attention_type='full',
+                      decoder_attention_type='full', predict_mem_len=200,
+                      d_sru=8, mode='predict')
+  prompt_len = 9
+  sig = decode_step.predict_signature(model, prompt_len)
+  weights, state = model.init(sig)
+  step = decode_step.make_step(model)
+  _, state = step((_tokens((1, prompt_len), 0), np.zeros((1, 1), np.int32)),
+                  weights, state, jax.random.PRNGKey(0))
+  # The cache holds the 9 encoder positions, then the decoder's: decoder
+  # position p is cache index 9 + p, and the step reads the smallest
+  # bucket (64, 128, 200) holding indices 0..9 + p.
+  per_position = 2 * D * F32 + HEADS    # keys, values, validity (bool)
+  for position, bucket in ((1, 64), (54, 64), (55, 128), (150, 200)):
+    by_layer = decode_speed.step_bytes(model, weights, state, position,
+                                       encoder_len=prompt_len)
+    # Two self-attention layers per decoder block (the second one attends
+    # to the encoder positions), two blocks.
+    assert by_layer['CausalDotProductAttention'] == 2 * 2 * (
+        bucket * per_position + 4)
+
+
+def test_op_counts_include_the_branch_a_conditional_runs():
+  def f(i, x):
+    branches = [lambda x: x + 1.0,
+                lambda x: jnp.sin(jnp.exp(x) @ x.T) @ x + jnp.cos(x)]
+    return jax.lax.switch(i, branches, x)
+  x = jnp.ones((8, 8))
+  text = jax.jit(f).lower(0, x).compile().as_text()
+  counts = decode_speed.hlo_op_counts(text)
+  assert counts['conditional'] == 1
+  # The largest branch runs two dots: they count.
+  assert counts.get('dot', 0) + counts.get('fusion', 0) >= 3
+  entry_only = text[text.index('\nENTRY'):]
+  assert ' dot(' not in entry_only.split('\n}')[0]

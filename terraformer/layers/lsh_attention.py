@@ -45,6 +45,8 @@ from terraformer.errors import TerraformerError
 from terraformer.layers.blockwise_attention import BlockwiseAttentionCore
 from terraformer.layers.composite_slice_attention import check_dense_qkv
 from terraformer.layers.composite_slice_attention import CompositeSliceAttention
+from terraformer.layers.prefix_attention import cache_buckets
+from terraformer.layers.prefix_attention import prefix_switch
 from terraformer.layers.sparse_qkv_attention import SparseQKV
 
 _REPLAY = 'replay'
@@ -108,34 +110,50 @@ class CausalDotProductAttention(tl.Layer):
   (scaled dot products, causal mask, attention dropout in train). Predict:
   keys and values cached for `max_len` positions; the first call marks each
   example's positions after lengths[b] (its junk) as invalid keys forever.
+  A predict step attends over the first `b` cache positions only, `b` the
+  smallest bucket (`min_bucket`, 2 * min_bucket, ..., max_len) holding every
+  position written so far (`prefix_attention.prefix_switch`): decoding reads
+  O(filled) cache, not O(max_len); the positions left out are unwritten
+  (masked) ones, so the outputs are those of attending over the whole cache.
   """
 
-  def __init__(self, n_heads, dropout=0.0, max_len=2048, mode='train'):
+  def __init__(self, n_heads, dropout=0.0, max_len=2048, mode='train',
+               min_bucket=64):
     super().__init__(n_in=4, n_out=1, name='CausalDotProductAttention')
     self._n_heads = n_heads
     self._dropout = dropout
     self._max_len = max_len
     self._mode = mode
+    self._buckets = cache_buckets(max_len, min_bucket)
+
+  @property
+  def buckets(self):
+    return self._buckets
 
   def forward(self, inputs):
     q, k, v, lengths = inputs
     length = q.shape[1]
     if self._mode != 'predict':
       keys_valid = jnp.ones((1, k.shape[1]), jnp.bool_)
-      query_pos = jnp.arange(length)
-      ks, vs = k, v
-    else:
-      ks, vs, valid, idx = self.state
-      ks = fastmath.dynamic_update_slice_in_dim(ks, k, idx, axis=1)
-      vs = fastmath.dynamic_update_slice_in_dim(vs, v, idx, axis=1)
-      pos = idx + jnp.arange(length)
-      # First call (idx == 0): a position is real iff it is <= lengths[b]
-      # (n encoder positions, then the first decoder position).
-      last_real = jnp.repeat(lengths, self._n_heads)[:, None]
-      written = (pos[None, :] <= last_real) | (idx > 0)
-      valid = fastmath.dynamic_update_slice_in_dim(valid, written, idx, axis=1)
-      self.state = (ks, vs, valid, idx + length)
-      keys_valid, query_pos = valid, pos
+      return self._attend(q, k, v, keys_valid, jnp.arange(length))
+    ks, vs, valid, idx = self.state
+    ks = fastmath.dynamic_update_slice_in_dim(ks, k, idx, axis=1)
+    vs = fastmath.dynamic_update_slice_in_dim(vs, v, idx, axis=1)
+    pos = idx + jnp.arange(length)
+    # First call (idx == 0): a position is real iff it is <= lengths[b]
+    # (n encoder positions, then the first decoder position).
+    last_real = jnp.repeat(lengths, self._n_heads)[:, None]
+    written = (pos[None, :] <= last_real) | (idx > 0)
+    valid = fastmath.dynamic_update_slice_in_dim(valid, written, idx, axis=1)
+    self.state = (ks, vs, valid, idx + length)
+
+    def attend(size):
+      return lambda q, ks, vs, valid, pos: self._attend(
+          q, ks[:, :size], vs[:, :size], valid[:, :size], pos)
+    return prefix_switch(self._buckets, idx + length, attend,
+                         q, ks, vs, valid, pos)
+
+  def _attend(self, q, ks, vs, keys_valid, query_pos):
     mask = ((jnp.arange(ks.shape[1])[None, None, :] <= query_pos[None, :, None])
             & keys_valid[:, None, :])
     dots = jnp.matmul(q, jnp.swapaxes(ks, -1, -2)) / jnp.sqrt(

@@ -60,11 +60,21 @@ class PrefixCausalAttention(attention.DotProductCausalAttention):
         return jnp.matmul(weights, values)
       return branch
 
-    # Number of buckets too small for idx + length positions.
-    which = jnp.sum(jnp.asarray(self._buckets) < idx + length)
-    which = jnp.minimum(which, len(self._buckets) - 1)
-    return jax.lax.switch(which, [attend(b) for b in self._buckets],
-                          q, ks, vs, idx)
+    return prefix_switch(self._buckets, idx + length, attend, q, ks, vs, idx)
+
+
+def prefix_switch(buckets, count, branch, *operands):
+  """`branch(size)(*operands)` for the smallest bucket size >= `count`.
+
+  `count` (traced) is the number of cache positions a step needs; a
+  `lax.switch` over the static `buckets` (doubling sizes, `cache_buckets`)
+  runs the branch of the right size, so the step reads O(count) cache.
+  """
+  if len(buckets) == 1:
+    return branch(buckets[0])(*operands)
+  # Number of buckets too small for `count` positions.
+  which = jnp.minimum(jnp.sum(jnp.asarray(buckets) < count), len(buckets) - 1)
+  return jax.lax.switch(which, [branch(b) for b in buckets], *operands)
 
 
 def cache_buckets(max_len, min_bucket=64):

@@ -139,3 +139,64 @@ def test_gradients_flow_through_replayed_lsh():
 def test_bad_attention_type():
   with pytest.raises(TerraformerError, match='attention_type'):
     SelfAttention(32, 4, 'linear')
+
+
+def _causal_predict_steps(layer, q, k, v, lengths, prefill, state=None):
+  """Prefill with `prefill` positions, then one position per jitted call."""
+  step = jax.jit(layer.pure_fn)
+  state = layer.state if state is None else state
+  rng = jax.random.PRNGKey(0)
+  out, state = step((q[:, :prefill], k[:, :prefill], v[:, :prefill],
+                     lengths), (), state, rng)
+  outputs = [np.asarray(out)]
+  for t in range(prefill, q.shape[1]):
+    out, state = step((q[:, t:t + 1], k[:, t:t + 1], v[:, t:t + 1], lengths),
+                      (), state, rng)
+    outputs.append(np.asarray(out))
+  return np.concatenate(outputs, axis=1), state
+
+
+def test_causal_decoding_reads_only_the_filled_cache_prefix():
+  from terraformer.layers.lsh_attention import CausalDotProductAttention
+  heads, batch, d_head, max_len, length, prefill = 2, 2, 4, 32, 20, 5
+  rng = np.random.RandomState(0)
+  q, k, v = (rng.randn(batch * heads, length, d_head).astype(np.float32)
+             for _ in range(3))
+  lengths = np.array([4, 2], np.int32)     # example 1: positions 3, 4 junk
+  layer = CausalDotProductAttention(heads, max_len=max_len, mode='predict',
+                                    min_bucket=4)
+  assert layer.buckets == (4, 8, 16, 32)
+  layer.init(tuple(shapes.signature(a) for a in (q[:, :1], k[:, :1],
+                                                  v[:, :1], lengths)))
+  fresh = layer.state
+  steps, state = _causal_predict_steps(layer, q, k, v, lengths, prefill)
+  # Oracle: the same steps attending over the whole cache (one bucket).
+  whole = CausalDotProductAttention(heads, max_len=max_len, mode='predict',
+                                    min_bucket=max_len)
+  whole.init(tuple(shapes.signature(a) for a in (q[:, :1], k[:, :1],
+                                                  v[:, :1], lengths)))
+  expected, whole_state = _causal_predict_steps(whole, q, k, v, lengths,
+                                                prefill)
+  np.testing.assert_allclose(steps, expected, atol=1e-6, rtol=1e-6)
+  for a, b in zip(state, whole_state):
+    np.testing.assert_array_equal(a, b)
+  # Real positions (not junk) match evaluation: the eval forward over the
+  # whole sequence sees every position as a key.
+  evaluate = CausalDotProductAttention(heads, mode='eval')
+  full = np.asarray(evaluate((q, k, v, lengths)))
+  np.testing.assert_allclose(steps[:heads], full[:heads], atol=1e-5,
+                             rtol=1e-5)
+  # Cache positions past the step's bucket are never read: poisoning them
+  # leaves the output unchanged (10 filled + 1: the 16-position bucket).
+  filled = 10
+  _, state = _causal_predict_steps(layer, q[:, :filled], k[:, :filled],
+                                   v[:, :filled], lengths, prefill, fresh)
+  ks, vs, valid, idx = state
+  assert int(idx) == filled
+  poisoned = (jnp.asarray(ks).at[:, 16:].set(jnp.nan),
+              jnp.asarray(vs).at[:, 16:].set(jnp.nan), valid, idx)
+  x = (q[:, filled:filled + 1], k[:, filled:filled + 1],
+       v[:, filled:filled + 1], lengths)
+  out, _ = jax.jit(layer.pure_fn)(x, (), poisoned, jax.random.PRNGKey(0))
+  np.testing.assert_allclose(out, expected[:, filled:filled + 1], atol=1e-6,
+                             rtol=1e-6)
