@@ -200,13 +200,30 @@ def _first_argmax(logits):
   """jnp.argmax over the last axis (first maximum), as two plain reductions.
 
   XLA:CPU runs argmax as a slow variadic (value, index) reduction; max, then
-  the largest reversed index among the maxima, vectorizes.
+  the largest reversed index among the maxima, vectorizes. XLA:CPU also
+  splits a reduction of more than 32 elements along one axis into two
+  operations (reduce-window, then reduce), so the last axis is viewed as
+  [n / k, k] (k <= 32) and both reduced at once: one operation per
+  reduction. Max is exact in any order: the result is jnp.argmax's.
   """
   n = logits.shape[-1]
-  is_max = logits >= jnp.max(logits, axis=-1, keepdims=True)
-  reversed_index = jnp.max(jnp.where(is_max, n - 1 - jnp.arange(n), -1),
-                           axis=-1)
+  split = _reduction_split(n)
+  view = logits.reshape(logits.shape[:-1] + split)
+  axes = tuple(range(-len(split), 0))
+  is_max = view >= jnp.max(view, axis=axes, keepdims=True)
+  reversed_index = (n - 1 - jnp.arange(n)).reshape(split)
+  reversed_index = jnp.max(jnp.where(is_max, reversed_index, -1), axis=axes)
   return n - 1 - reversed_index
+
+
+def _reduction_split(n, most=32):
+  """(n,) or (n // k, k) with both at most `most`, if n factors so."""
+  if n <= most:
+    return (n,)
+  for k in range(most, 0, -1):
+    if n % k == 0 and n // k <= most:
+      return (n // k, k)
+  return (n,)
 
 
 def _take_rows(array, rows):

@@ -168,3 +168,12 @@ def test_trax_straight_through_gradient_only_at_selected_unit():
 def test_bad_controller():
   with pytest.raises(ValueError, match='controller'):
     SparseFF(D_FF, N, controller='softmax')
+
+
+@pytest.mark.parametrize('n', [8, 64, 128, 67])
+def test_first_argmax_is_argmax_with_ties(n):
+  from terraformer.layers.sparse_ff import _first_argmax  # pylint: disable=g-import-not-at-top
+  logits = np.random.RandomState(n).randint(0, 4, size=(5, 7, n)).astype(
+      np.float32)                               # many ties per row
+  np.testing.assert_array_equal(_first_argmax(jnp.asarray(logits)),
+                                np.argmax(logits, axis=-1))
