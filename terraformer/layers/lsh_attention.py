@@ -47,6 +47,7 @@ from terraformer.layers.composite_slice_attention import check_dense_qkv
 from terraformer.layers.composite_slice_attention import CompositeSliceAttention
 from terraformer.layers.prefix_attention import cache_buckets
 from terraformer.layers.prefix_attention import prefix_switch
+from terraformer.layers.prefix_attention import softmax_last
 from terraformer.layers.sparse_qkv_attention import SparseQKV
 
 _REPLAY = 'replay'
@@ -149,17 +150,18 @@ class CausalDotProductAttention(tl.Layer):
 
     def attend(size):
       return lambda q, ks, vs, valid, pos: self._attend(
-          q, ks[:, :size], vs[:, :size], valid[:, :size], pos)
+          q, ks[:, :size], vs[:, :size], valid[:, :size], pos,
+          softmax=softmax_last)
     return prefix_switch(self._buckets, idx + length, attend,
                          q, ks, vs, valid, pos)
 
-  def _attend(self, q, ks, vs, keys_valid, query_pos):
+  def _attend(self, q, ks, vs, keys_valid, query_pos, softmax=None):
     mask = ((jnp.arange(ks.shape[1])[None, None, :] <= query_pos[None, :, None])
             & keys_valid[:, None, :])
     dots = jnp.matmul(q, jnp.swapaxes(ks, -1, -2)) / jnp.sqrt(
         q.shape[-1]).astype(q.dtype)
     dots = jnp.where(mask, dots, jnp.full_like(dots, -1e9))
-    weights = jax.nn.softmax(dots, axis=-1)
+    weights = (softmax or jax.nn.softmax)(dots)
     if self._mode == 'train' and self._dropout > 0.0:
       keep = fastmath.random.bernoulli(self.rng, 1.0 - self._dropout,
                                        weights.shape)

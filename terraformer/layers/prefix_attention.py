@@ -55,8 +55,7 @@ class PrefixCausalAttention(attention.DotProductCausalAttention):
         dots = jnp.matmul(q, jnp.swapaxes(keys, -1, -2)) / jnp.sqrt(
             q.shape[-1]).astype(q.dtype)
         dots = jnp.where(mask, dots, jnp.full_like(dots, -1e9))
-        weights = jnp.exp(dots - jax.nn.logsumexp(dots, axis=-1,
-                                                  keepdims=True))
+        weights = jnp.exp(dots - logsumexp_last(dots))
         return jnp.matmul(weights, values)
       return branch
 
@@ -75,6 +74,49 @@ def prefix_switch(buckets, count, branch, *operands):
   # Number of buckets too small for `count` positions.
   which = jnp.minimum(jnp.sum(jnp.asarray(buckets) < count), len(buckets) - 1)
   return jax.lax.switch(which, [branch(b) for b in buckets], *operands)
+
+
+# XLA:CPU splits a reduction of more than this many elements along one axis
+# into two operations (a reduce-window of this size, then a reduce).
+_XLA_CPU_REDUCE_WINDOW = 32
+
+
+def _split_last(x):
+  """(x viewed as [..., n / k, k] with n / k, k <= 32 if n factors so, the
+  axes to reduce): one XLA:CPU operation per reduction over them."""
+  n, most = x.shape[-1], _XLA_CPU_REDUCE_WINDOW
+  if n > most:
+    for k in range(most, 0, -1):
+      if n % k == 0 and n // k <= most:
+        return x.reshape(x.shape[:-1] + (n // k, k)), (-2, -1)
+  return x, (-1,)
+
+
+def logsumexp_last(x):
+  """jax.nn.logsumexp(x, axis=-1, keepdims=True), one operation per
+  reduction (decoding steps).
+
+  Same formula as jax.nn.logsumexp (what Trax's fastmath.logsumexp is): the
+  maximum (exact in any order) made safe for infinities, then log of the
+  sum of exp(x - max), plus the maximum. Only the summation order of the
+  exponentials differs (float rounding).
+  """
+  view, axes = _split_last(x)
+  amax = jnp.max(view, axis=axes, keepdims=True)
+  amax = jax.lax.stop_gradient(
+      jnp.where(jnp.isfinite(amax), amax, jnp.zeros_like(amax)))
+  total = jnp.sum(jnp.exp(view - amax), axis=axes, keepdims=True)
+  return (jnp.log(total) + amax).reshape(x.shape[:-1] + (1,))
+
+
+def softmax_last(x):
+  """jax.nn.softmax(x, axis=-1), one operation per reduction (decoding
+  steps); as `logsumexp_last`, only the summation order differs."""
+  view, axes = _split_last(x)
+  unnormalized = jnp.exp(view - jax.lax.stop_gradient(
+      jnp.max(view, axis=axes, keepdims=True)))
+  return (unnormalized / jnp.sum(unnormalized, axis=axes, keepdims=True)
+          ).reshape(x.shape)
 
 
 def cache_buckets(max_len, min_bucket=64):

@@ -95,3 +95,19 @@ def test_step_reads_only_its_bucket(filled):
   np.testing.assert_array_equal(ours(step, poisoned), expected)
   # ...while Trax's layer reads the whole cache.
   assert np.isnan(trax(step, poisoned)).all()
+
+
+@pytest.mark.parametrize('n', [1, 16, 64, 96, 1024, 1280])
+def test_one_reduction_softmax_and_logsumexp_match_jax(n):
+  from terraformer.layers.prefix_attention import logsumexp_last  # pylint: disable=g-import-not-at-top
+  from terraformer.layers.prefix_attention import softmax_last  # pylint: disable=g-import-not-at-top
+  x = np.random.RandomState(n).randn(3, 2, n).astype(np.float32) * 5
+  x[0, 0, : n // 2] = -1e9                       # masked positions
+  np.testing.assert_allclose(logsumexp_last(x),
+                             jax.nn.logsumexp(x, axis=-1, keepdims=True),
+                             rtol=1e-6, atol=1e-6)
+  np.testing.assert_allclose(softmax_last(x), jax.nn.softmax(x, axis=-1),
+                             rtol=1e-6, atol=1e-7)
+  inf = np.full((1, 40), -np.inf, np.float32)    # all masked: as jax
+  np.testing.assert_array_equal(logsumexp_last(inf),
+                                jax.nn.logsumexp(inf, axis=-1, keepdims=True))
