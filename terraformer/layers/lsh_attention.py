@@ -149,11 +149,17 @@ class CausalDotProductAttention(tl.Layer):
     self.state = (ks, vs, valid, idx + length)
 
     def attend(size):
-      return lambda q, ks, vs, valid, pos: self._attend(
-          q, ks[:, :size], vs[:, :size], valid[:, :size], pos,
-          softmax=softmax_last)
-    return prefix_switch(self._buckets, idx + length, attend,
-                         q, ks, vs, valid, pos)
+      def branch(q, ks, vs, valid, pos):
+        q = q.reshape(q.shape[:1] + (length,) + ks.shape[2:])
+        out = self._attend(q, ks[:, :size], vs[:, :size], valid[:, :size],
+                           pos, softmax=softmax_last)
+        return out.reshape((out.shape[0], -1))
+      return branch
+    # 2-D operands and result ([batch * heads, length * d_head]) need no
+    # layout copies in and out of the conditional.
+    out = prefix_switch(self._buckets, idx + length, attend,
+                        q.reshape((q.shape[0], -1)), ks, vs, valid, pos)
+    return out.reshape(q.shape[:2] + vs.shape[2:])
 
   def _attend(self, q, ks, vs, keys_valid, query_pos, softmax=None):
     mask = ((jnp.arange(ks.shape[1])[None, None, :] <= query_pos[None, :, None])

@@ -48,6 +48,7 @@ class PrefixCausalAttention(attention.DotProductCausalAttention):
 
     def attend(size):
       def branch(q, ks, vs, idx):
+        q = q.reshape(q.shape[:1] + (length,) + ks.shape[2:])
         keys, values = ks[:, :size], vs[:, :size]
         # Query i (position idx + i) sees keys at positions <= idx + i.
         mask = (jnp.arange(size)[None, None, :]
@@ -56,10 +57,19 @@ class PrefixCausalAttention(attention.DotProductCausalAttention):
             q.shape[-1]).astype(q.dtype)
         dots = jnp.where(mask, dots, jnp.full_like(dots, -1e9))
         weights = jnp.exp(dots - logsumexp_last(dots))
-        return jnp.matmul(weights, values)
+        return _flat(jnp.matmul(weights, values))
       return branch
 
-    return prefix_switch(self._buckets, idx + length, attend, q, ks, vs, idx)
+    # The branches take and give [batch * heads, length * d_head]: 2-D
+    # operands need no layout copies in and out of the conditional.
+    out = prefix_switch(self._buckets, idx + length, attend, _flat(q), ks, vs,
+                        idx)
+    return out.reshape(q.shape[:2] + vs.shape[2:])
+
+
+def _flat(x):
+  """[n, length, d] -> [n, length * d] (a free reshape)."""
+  return x.reshape((x.shape[0], -1))
 
 
 def prefix_switch(buckets, count, branch, *operands):
