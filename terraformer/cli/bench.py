@@ -5,6 +5,7 @@
       [--compare_trax] [--project_layers=L [--fit_blocks=B]]
   terraformer-bench --trax_user_path --config_file=F [...] [--tokens=N]
   terraformer-bench --xla_ops --config_file=F [...]
+  terraformer-bench --profile_dir=DIR --config_file=F [...] [--tokens=N]
   terraformer-bench --sweep [--config_file=DENSE --config_file=SPARSE]
       [--sweep_d_models=512,1024,2048,4096] [--plot=PATH] [--json=PATH]
 
@@ -28,6 +29,10 @@ bytes to L decoder blocks, beside the paper's seconds (the config's
 PAPER_DECODE_SECONDS). --trax_user_path times whole decode calls instead:
 terraformer.decoding.decode next to Trax's own autoregressive_sample.
 --xla_ops counts the XLA operations per decoder block of each model's step.
+--profile_dir=DIR writes a jax.profiler trace of --tokens decoding steps of
+each model (after an untimed warm-up, so no compilation in it) under DIR,
+one run folder per model (view with TensorBoard's profile plugin, or open
+the .xplane.pb in XProf); nothing is timed or tabulated then.
 """
 import json
 import os
@@ -83,6 +88,10 @@ def _define_flags(flag_values):
   flags.DEFINE_integer('fit_blocks', 1,
                        'Decoder blocks timed with --project_layers.',
                        lower_bound=1, flag_values=flag_values)
+  flags.DEFINE_string('profile_dir', None,
+                      'Write a jax.profiler trace of --tokens decoding steps '
+                      'of each model to this folder (nothing is timed).',
+                      flag_values=flag_values)
   flags.DEFINE_string('plot', 'terraformer_bench_sweep.png',
                       'PNG written by --sweep.', flag_values=flag_values)
 
@@ -135,6 +144,18 @@ def _check_writable_file(path, flag):
     raise errors.TerraformerError(f'--{flag}={path} is a directory')
 
 
+def _check_writable_folder(path, flag):
+  """The folder `path` exists and is writable, or can be made in one."""
+  if os.path.exists(path) and not os.path.isdir(path):
+    raise errors.TerraformerError(f'--{flag}={path} is not a folder')
+  existing = os.path.abspath(path)
+  while not os.path.exists(existing):
+    existing = os.path.dirname(existing)
+  if not os.access(existing, os.W_OK):
+    raise errors.TerraformerError(
+        f'--{flag}={path}: folder {existing!r} is not writable')
+
+
 def _budget(flag_values):
   gb = flag_values.memory_budget_gb
   return None if gb is None else gb * 1e9
@@ -172,6 +193,12 @@ def _bench(flag_values, model_files):
     print(benchmark.format_sweep(report))
     benchmark.plot_sweep(report, flag_values.plot)
     print(f'plot: {flag_values.plot}')
+  elif flag_values.profile_dir:
+    if not configs:
+      raise errors.TerraformerError('at least one --config_file is required')
+    report = _profile(configs, parse, flag_values)
+    for r in report:
+      print(f"{r['name']:<28} trace of {r['tokens']} steps: {r['trace_dir']}")
   elif flag_values.xla_ops:
     if not configs:
       raise errors.TerraformerError('at least one --config_file is required')
@@ -203,6 +230,31 @@ def _bench(flag_values, model_files):
   return 0
 
 
+def _profile(configs, parse, flag_values):
+  """Writes a jax.profiler trace of decoding steps of each model."""
+  import jax  # pylint: disable=g-import-not-at-top
+  from terraformer import benchmark  # pylint: disable=g-import-not-at-top
+  from terraformer import decode_speed  # pylint: disable=g-import-not-at-top
+  report = []
+  for name, config in configs:
+    parse(config, [])
+    model_fn, _, _ = benchmark.configured_model()
+    timer = decode_speed.DecodeTimer(model_fn(mode='predict'),
+                                     flag_values.tokens,
+                                     flag_values.prompt_len,
+                                     flag_values.seed)
+    _log(f'profile: {name}, warm-up (compiles)...')
+    timer.warm_up()
+    trace_dir = os.path.join(flag_values.profile_dir,
+                             name.replace(os.sep, '_'))
+    with jax.profiler.trace(trace_dir):
+      timer.repeat()
+    timer.close()
+    report.append({'name': name, 'config': config, 'trace_dir': trace_dir,
+                   'tokens': flag_values.tokens})
+  return report
+
+
 def main(argv=None):
   argv = sys.argv if argv is None else argv
   if any(a in ('-h', '--help', '-help', '--helpfull') for a in argv[1:]):
@@ -216,6 +268,8 @@ def main(argv=None):
   def precheck(flag_values):
     common.check_config_files([f for files in model_files for f in files])
     _check_writable_file(flag_values.json, 'json')
+    if flag_values.profile_dir:
+      _check_writable_folder(flag_values.profile_dir, 'profile_dir')
     if flag_values.sweep:
       _check_writable_file(flag_values.plot, 'plot')
 

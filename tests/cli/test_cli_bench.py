@@ -159,3 +159,23 @@ def test_project_layers_with_compare_trax_is_one_line_error(tmp_path, capsys):
                       '--project_layers=6')
   assert code == 2
   _one_line_error(err, '--project_layers and --compare_trax')
+
+
+def test_profile_dir_writes_a_trace_per_model(tmp_path, capsys):
+  dense, _ = _configs(tmp_path)
+  code, out, err = _run(capsys, f'--config_file={dense}', '--tokens=2',
+                        '--prompt_len=3', f'--profile_dir={tmp_path / "p"}')
+  assert code == 0, err
+  assert 'trace of 2 steps' in out
+  traces = [os.path.join(d, f) for d, _, files in os.walk(tmp_path / 'p' /
+                                                          'dense')
+            for f in files if f.endswith('.xplane.pb')]
+  assert traces and all(os.path.getsize(t) > 0 for t in traces)
+
+
+def test_profile_dir_must_be_a_folder(tmp_path, capsys):
+  dense, _ = _configs(tmp_path)
+  code, _, err = _run(capsys, f'--config_file={dense}',
+                      f'--profile_dir={dense}')
+  assert code != 0
+  _one_line_error(err, '--profile_dir', 'is not a folder')
