@@ -141,11 +141,17 @@ class CausalDotProductAttention(tl.Layer):
     ks = fastmath.dynamic_update_slice_in_dim(ks, k, idx, axis=1)
     vs = fastmath.dynamic_update_slice_in_dim(vs, v, idx, axis=1)
     pos = idx + jnp.arange(length)
-    # First call (idx == 0): a position is real iff it is <= lengths[b]
-    # (n encoder positions, then the first decoder position).
-    last_real = jnp.repeat(lengths, self._n_heads)[:, None]
-    written = (pos[None, :] <= last_real) | (idx > 0)
-    valid = fastmath.dynamic_update_slice_in_dim(valid, written, idx, axis=1)
+    if length > 1:
+      # First call (idx == 0): a position is real iff it is <= lengths[b]
+      # (n encoder positions, then the first decoder position).
+      last_real = jnp.repeat(lengths, self._n_heads)[:, None]
+      written = (pos[None, :] <= last_real) | (idx > 0)
+      valid = fastmath.dynamic_update_slice_in_dim(valid, written, idx,
+                                                   axis=1)
+    # else: one position, always real (idx > 0, or position 0 <= lengths[b]),
+    # written at idx, never written before (positions only grow): it is
+    # still True from the initial state, so the update is skipped (one XLA
+    # operation less per decoding step).
     self.state = (ks, vs, valid, idx + length)
 
     def attend(size):
