@@ -185,8 +185,14 @@ class CheckpointStore:
     if self._manager is None:
       os.makedirs(self.directory, exist_ok=True)
       # Old steps are deleted by `_drop_old`, after the new one is committed.
+      import jax  # pylint: disable=g-import-not-at-top
+      # In a multi-process job only process 0 has a store (it alone writes).
+      only_me = self._ocp.options.MultiprocessingOptions(
+          primary_host=jax.process_index(),
+          active_processes={jax.process_index()})
       options = self._ocp.CheckpointManagerOptions(
-          max_to_keep=None, enable_async_checkpointing=False, create=True)
+          max_to_keep=None, enable_async_checkpointing=False, create=False,
+          multiprocessing_options=only_me)
       self._manager = self._ocp.CheckpointManager(
           self.directory, options=options)
     return self._manager

@@ -19,10 +19,14 @@ engine rather than a home-made one:
   sharded and the batch split over the same mesh axis (data parallelism):
   the loss is that of the global batch, so gradients are averaged over all
   devices of all processes and metrics are global.
+- `is_multiprocess`, `global_mean`, `broadcast_from_process_0`,
+  `broadcast_json`, `shared_seed`: what `terraformer.train` needs to run
+  Trax's `Loop` as one of N processes (global metrics, one resume state).
 - `memory_plan`: per-device bytes of weights, optimizer slots and an
   activation estimate for a model and a device count, from shapes only
   (`terraformer-info --devices=N`).
 """
+import json
 import math
 import os
 import socket
@@ -118,6 +122,78 @@ def exit_now(code=2):
   sys.stdout.flush()
   sys.stderr.flush()
   os._exit(code)  # pylint: disable=protected-access
+
+
+def is_multiprocess():
+  return jax.process_count() > 1
+
+
+def _sum_over_processes(tree, contribute):
+  """Sum over processes of `tree` (numpy arrays) where `contribute`.
+
+  One jitted reduction over a mesh of all devices: each process puts its
+  arrays on its first device (zeros on its others). Every device's work is
+  finished before and after it: on CPU, a collective dispatched while
+  another (e.g. Trax's pmapped step) still runs on a sibling device can
+  starve the collective thread pool and hang both processes.
+  """
+  mesh = device_mesh()
+  rows = NamedSharding(mesh, PartitionSpec(MESH_AXIS))
+
+  def stacked(leaf):
+    leaf = np.asarray(leaf)
+    local = np.zeros((jax.local_device_count(),) + leaf.shape, leaf.dtype)
+    if contribute:
+      local[0] = leaf
+    return jax.make_array_from_process_local_data(rows, local)
+
+  jax.block_until_ready(jax.live_arrays())
+  total = jax.jit(
+      lambda t: jax.tree_util.tree_map(
+          lambda a: jnp.sum(a, axis=0).astype(a.dtype), t),
+      out_shardings=NamedSharding(mesh, PartitionSpec()))(
+          jax.tree_util.tree_map(stacked, tree))
+  jax.block_until_ready(total)
+  return jax.tree_util.tree_map(
+      lambda a: np.asarray(a.addressable_data(0)), total)
+
+
+def global_mean(values):
+  """Each of `values` (floats) averaged over all processes, on every process.
+
+  A collective: every process must call it with as many values. A NaN on
+  any process makes that mean NaN everywhere.
+  """
+  values = np.asarray(values, np.float32)
+  if not is_multiprocess():
+    return values
+  return _sum_over_processes(values, True) / jax.process_count()
+
+
+def broadcast_from_process_0(tree):
+  """Process 0's `tree` of arrays, on every process (others pass same-shaped
+  arrays; their values are ignored)."""
+  if not is_multiprocess():
+    return tree
+  return _sum_over_processes(tree, not jax.process_index())
+
+
+def broadcast_json(value):
+  """Process 0's JSON-able `value` on every process (others pass anything)."""
+  if not is_multiprocess():
+    return value
+  data = np.frombuffer(json.dumps(value).encode(), np.uint8)
+  size = int(broadcast_from_process_0(np.int32(data.size)))
+  if jax.process_index():
+    data = np.zeros(size, np.uint8)
+  return json.loads(bytes(broadcast_from_process_0(data)).decode())
+
+
+def shared_seed(seed=None):
+  """`seed`, or one drawn by process 0 when None, the same on every process."""
+  if seed is None and not jax.process_index():
+    seed = int(time.time() * 1e6) % 2**31
+  return int(broadcast_from_process_0(np.int32(seed or 0)))
 
 
 def device_mesh(devices=None):

@@ -7,6 +7,14 @@ checkpoints are crash-safe (`terraformer.checkpoints`): `_CheckpointedLoop`
 replaces Loop's `save_checkpoint`/`load_checkpoint` and resumes exactly (the
 weights, state, optimizer slots, rng, step and data position of the newest
 verified checkpoint), and stops at the first non-finite loss or gradient norm.
+
+Multi-process (after `terraformer.distributed.initialize`): every process runs
+the same Loop on its own rows of each global batch (`distributed.process_rows`);
+Trax's pmap step averages the gradients over all devices of all processes.
+Process 0 alone reads and writes `output_dir` (checkpoints, `model.pkl.gz`,
+TensorBoard events) and broadcasts the state it resumes from; metrics and the
+NaN guard use means over all processes. Trax's own Loop reports host-local
+losses and process 0's evals only (its `run_evals` TODO); this one does not.
 """
 import itertools
 import math
@@ -26,6 +34,7 @@ from trax.supervised import training
 
 from terraformer import checkpoints
 from terraformer import compat
+from terraformer import distributed
 from terraformer import errors
 from terraformer import finetune
 
@@ -74,6 +83,26 @@ def _like(template, leaves):
       jax.tree_util.tree_structure(template), leaves)
 
 
+def _this_process_rows(stream_fn):
+  """`stream_fn` whose batches keep this process's rows (all, alone)."""
+  if not distributed.is_multiprocess():
+    return stream_fn
+
+  def stream():
+    for batch in stream_fn():
+      if isinstance(batch, (tuple, list)) and np.ndim(batch[0]):
+        rows = distributed.process_rows(np.shape(batch[0])[0])
+        batch = tuple(np.asarray(x)[rows] for x in batch)
+      yield batch
+  return stream
+
+
+def say(message):
+  """A progress line, printed by process 0 only (all of a 1-process run)."""
+  if not jax.process_index():
+    print(message, flush=True)
+
+
 def _first_non_finite(loss, stats):
   """(name, value) of the first non-finite of loss and gradient norm."""
   for name, value in (('loss', loss),
@@ -99,6 +128,7 @@ class _CheckpointedLoop(training.Loop):
     self._store = store
     self._skip_non_finite = skip_non_finite
     self.batches_consumed = 0  # Train batches used: the stream position.
+    self._in_train_step = False
     self.skipped_steps = 0  # Non-finite steps skipped (skip_non_finite).
     super().__init__(*args, **kwargs)
 
@@ -128,8 +158,14 @@ class _CheckpointedLoop(training.Loop):
     self._rng = jax.numpy.asarray(arrays['rng'])
 
   def load_checkpoint(self, directory=None, filename=None):
-    if directory or filename or self._output_dir is None:
+    if directory or filename:
       return super().load_checkpoint(directory, filename)
+    if self._store is not None:  # Process 0 (or the only one).
+      self._restore()
+    if distributed.is_multiprocess():  # Everyone resumes from process 0's.
+      self._take_state_of_process_0()
+
+  def _restore(self):
     # Shapes only: no host copy of the weights and slots at start-up.
     shapes = self._train_state(lambda x: (np.shape(x), np.dtype(x.dtype)))
     restored = self._store.restore(shapes)
@@ -139,6 +175,20 @@ class _CheckpointedLoop(training.Loop):
     step, arrays, meta = restored
     self._set_train_state(arrays)
     self._step = step
+    self.batches_consumed = meta['batches_consumed']
+    self.skipped_steps = meta['skipped_steps']
+    self._history = trax_history.History.from_dict(meta['history'])
+
+  def _take_state_of_process_0(self):
+    meta = distributed.broadcast_json({
+        'step': self._step, 'batches_consumed': self.batches_consumed,
+        'skipped_steps': self.skipped_steps,
+        'history': self._history.to_dict()})
+    if not meta['step']:
+      return  # Fresh start: the shared seed made the same weights everywhere.
+    self._set_train_state(distributed.broadcast_from_process_0(
+        self._train_state()))
+    self._step = meta['step']
     self.batches_consumed = meta['batches_consumed']
     self.skipped_steps = meta['skipped_steps']
     self._history = trax_history.History.from_dict(meta['history'])
@@ -160,8 +210,23 @@ class _CheckpointedLoop(training.Loop):
           'saved: resume is not exact)', flush=True)
 
   def save_checkpoint(self, basename):
-    if self._output_dir is None:
+    if not distributed.is_multiprocess():
+      if self._output_dir is not None:
+        self._save(basename)
       return
+    # Process 0 writes; all learn whether it could and stop together if not.
+    error = None
+    if self._store is not None:
+      try:
+        self._save(basename)
+      except errors.TerraformerError as e:
+        error = str(e)
+    error = distributed.broadcast_json(error)
+    if error:
+      raise errors.TerraformerError(
+          error if self._store else f'process 0: {error}')
+
+  def _save(self, basename):
     if basename == 'model':
       self._store.save(self.step, self._train_state(), {
           'batches_consumed': self.batches_consumed,
@@ -192,21 +257,52 @@ class _CheckpointedLoop(training.Loop):
             'input_signature': self._batch_signature[:self._model.n_in],
             'version_timestamp': 'Mar-10-2021'}
 
+  def new_rng(self):
+    rng = super().new_rng()
+    if self._in_train_step and distributed.is_multiprocess():
+      # Trax's Trainer splits the step's rng over the local devices: without
+      # this, device i of every process would draw the same dropout masks.
+      rng = jax.random.fold_in(rng, jax.process_index())
+    return rng
+
+  def log_summary(self, values, summary_writer, value_prefix, log_prefix,
+                  stdout=True):
+    """Logs metrics averaged over all processes (Trax: this process's)."""
+    names = [name for name, value in values.items() if not np.ndim(value)]
+    if distributed.is_multiprocess() and names:
+      means = distributed.global_mean([values[name] for name in names])
+      values = dict(values, **{n: float(m) for n, m in zip(names, means)})
+    return super().log_summary(values, summary_writer, value_prefix,
+                               log_prefix, stdout=stdout)
+
   def _run_one_step(self, task_index, task_changed):
     trainer = self._trainer_per_task[task_index]
     if self._skip_non_finite:
       before = (self._model.weights, self._model.state, trainer.slots)
       if self.n_devices > 1:  # The multi-device update donates its inputs.
         before = jax.tree_util.tree_map(np.array, before)
-    loss, stats = super()._run_one_step(task_index, task_changed)
+    self._in_train_step = True
+    try:
+      loss, stats = super()._run_one_step(task_index, task_changed)
+    finally:
+      self._in_train_step = False
     self.batches_consumed += 1
+    if distributed.is_multiprocess():  # The same decision on every process.
+      # Host copies first: no computation on the step's outputs here.
+      loss, gradients_l2 = distributed.global_mean([
+          np.mean(np.asarray(loss)),
+          np.mean(np.asarray(stats.get('gradients_l2', 0.0)))])
+      stats = dict(stats, gradients_l2=gradients_l2)
     bad = _first_non_finite(loss, stats)
     if bad and not self._skip_non_finite:
-      last = self._store.steps()
+      if self._store is None:
+        last = "process 0's"
+      else:
+        steps = self._store.steps()
+        last = f'step {steps[0]}' if steps else 'none'
       raise errors.TerraformerError(
           f'non-finite {bad[0]} ({bad[1]}) at step {self.step}: training '
-          f'stopped, nothing saved for this step; last checkpoint: '
-          f'{f"step {last[0]}" if last else "none"}')
+          f'stopped, nothing saved for this step; last checkpoint: {last}')
     if bad:
       self.skipped_steps += 1
       self.update_weights_and_state(*before[:2])
@@ -235,7 +331,8 @@ class _Progress(trax_callbacks.TrainingStepCallback):
     return True
 
   def on_step_begin(self, step):
-    self.report()  # The eval of the previous step ran after its on_step_end.
+    if not jax.process_index():
+      self.report()  # The eval of the previous step ran after its on_step_end.
 
   def on_step_end(self, step):
     pass
@@ -331,7 +428,8 @@ def train(output_dir,
     checkpoint_every: commit a checkpoint (`checkpoints/<step>/` and
       `model.pkl.gz`) every this many steps and at the end.
     permanent_checkpoint_every: also keep `model_{step}.pkl.gz` this often.
-    random_seed: seed for weight init and rngs; None: from the clock.
+    random_seed: seed for weight init and rngs; None: from the clock (of
+      process 0, shared by all processes).
     use_memory_efficient_trainer: Loop's memory-efficient trainer.
     callbacks: extra Loop callback classes (`TrainingStepCallback`).
     init_checkpoint: fine-tune from this checkpoint (a training output_dir or
@@ -347,6 +445,11 @@ def train(output_dir,
     `.model`).
   """
   n_devices = jax.local_device_count()
+  chief = not jax.process_index()  # Reads and writes output_dir.
+  if distributed.is_multiprocess():
+    random_seed = distributed.shared_seed(random_seed)
+    train_stream = _this_process_rows(train_stream)
+    eval_stream = _this_process_rows(eval_stream)
   # Build model and data first: a config error must not leave files behind.
   train_model, eval_model = model(mode='train'), model(mode='eval')
   train_batch, train_batches = _first_batch(
@@ -369,13 +472,15 @@ def train(output_dir,
   output_dir = os.path.expanduser(output_dir)
   if init_checkpoint:
     finetune.checkpoint_file(init_checkpoint)  # Fail before writing anything.
-  fresh = not os.path.exists(output_dir)
+  fresh = chief and not os.path.exists(output_dir)
   try:
-    _remove_broken_data_counters(output_dir)
-    store = checkpoints.CheckpointStore(output_dir, keep=keep_checkpoints)
+    store = None
+    if chief:
+      _remove_broken_data_counters(output_dir)
+      store = checkpoints.CheckpointStore(output_dir, keep=keep_checkpoints)
     loop = _CheckpointedLoop(
         train_model, [train_task], eval_model=eval_model,
-        eval_tasks=[eval_task], output_dir=output_dir,
+        eval_tasks=[eval_task], output_dir=output_dir if chief else None,
         eval_at=lambda s: s == 1 or _every(eval_every, steps)(s),
         checkpoint_at=_every(checkpoint_every, steps),
         permanent_checkpoint_at=_every(permanent_checkpoint_every, None),
@@ -385,26 +490,49 @@ def train(output_dir,
         skip_non_finite=skip_non_finite)
     if init_checkpoint and not loop.step:
       n_loaded = finetune.init_weights(loop, init_checkpoint)
-      print(f'Fine-tuning from {init_checkpoint}: loaded {n_loaded} weight '
-            'arrays (optimizer state and step start fresh)', flush=True)
-  except BaseException:
+      say(f'Fine-tuning from {init_checkpoint}: loaded {n_loaded} weight '
+           'arrays (optimizer state and step start fresh)')
+  except BaseException as e:
     if fresh and os.path.isdir(output_dir):  # Nothing of value written yet.
       shutil.rmtree(output_dir)
+    if _another_process_failed(e):
+      raise _process_group_error(e, 'start-up') from None
     raise
 
   for _ in range(loop.batches_consumed):  # Where the checkpoint's data was.
     next(train_batches)
   if loop.step:
-    print(f'Resuming from checkpoint at step {loop.step} in {output_dir} '
-          f'({loop.batches_consumed} train batches skipped)', flush=True)
+    say(f'Resuming from checkpoint at step {loop.step} in {output_dir} '
+         f'({loop.batches_consumed} train batches skipped)')
     if init_checkpoint:
-      print(f'init_checkpoint {init_checkpoint} not loaded: resuming from the '
-            'checkpoint in output_dir takes precedence', flush=True)
+      say(f'init_checkpoint {init_checkpoint} not loaded: resuming from the '
+           'checkpoint in output_dir takes precedence')
   if loop.step >= steps:
-    print(f'Already trained for {loop.step} >= {steps} steps.', flush=True)
+    say(f'Already trained for {loop.step} >= {steps} steps.')
     return loop
-  print(f'Training steps {loop.step + 1}..{steps} on {loop.n_devices} '
-        f'device(s), output in {output_dir}', flush=True)
-  loop.run(steps - loop.step)
-  progress.report()
+  processes = (f' ({jax.process_count()} processes, '
+               f'{jax.device_count()} devices in all)'
+               if distributed.is_multiprocess() else '')
+  say(f'Training steps {loop.step + 1}..{steps} on {loop.n_devices} '
+       f'device(s){processes}, output in {output_dir}')
+  try:
+    loop.run(steps - loop.step)
+  except jax.errors.JaxRuntimeError as e:
+    if _another_process_failed(e):
+      raise _process_group_error(e, f'step {loop.step}') from None
+    raise
+  if chief:
+    progress.report()
   return loop
+
+
+def _another_process_failed(error):
+  return (isinstance(error, jax.errors.JaxRuntimeError)
+          and distributed.is_multiprocess())
+
+
+def _process_group_error(error, where):
+  """The one-line error of a collective that failed: a process died."""
+  return distributed.ProcessGroupError(
+      f'{where}: a collective with the other processes failed (another '
+      f'process probably died): {errors.first_line(error)}')

@@ -140,3 +140,89 @@ def test_process_rows_are_disjoint_and_cover_the_batch():
   np.testing.assert_array_equal(covered, np.arange(8))
   with pytest.raises(errors.TerraformerError, match='not divisible'):
     distributed.process_rows(6, 0, 4)
+
+
+# terraformer-train as 2 processes x 2 devices, killed and restarted, against
+# 1 process x 4 devices straight through (the tiny soak config, dropout 0).
+TRAIN_ARGS = ['--config_file=gin/tiny/soak.gin',
+              '--config=terraformer.train.random_seed=1',
+              '--config=terraformer.train.checkpoint_every=2']
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _train(out_dir, steps, devices, *args):
+  env = dict(os.environ, XLA_FLAGS=distributed.force_host_devices(devices))
+  return subprocess.Popen(
+      [sys.executable, '-m', 'terraformer.cli.train', *TRAIN_ARGS,
+       f'--output_dir={out_dir}', f'--steps={steps}', *args],
+      env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+      text=True)
+
+
+def _train_two_processes(out_dir, steps):
+  port = _free_port()
+  return [_train(out_dir, steps, 2, f'--coordinator_address=127.0.0.1:{port}',
+                 '--num_processes=2', f'--process_id={i}') for i in range(2)]
+
+
+def _final(out_dir, stdout):
+  from terraformer import checkpoints  # pylint: disable=g-import-not-at-top
+  weights = checkpoints.read_trax_checkpoint(
+      os.path.join(out_dir, 'model.pkl.gz'))['flat_weights']
+  last = [l for l in stdout.splitlines() if l.startswith('step ')][-1]
+  log_ppl = float(last.split('eval log_perplexity ')[1].split()[0])
+  return [np.asarray(w) for w in weights], log_ppl
+
+
+@pytest.mark.slow
+def test_train_cli_two_processes_killed_and_resumed_equals_one_process(
+    tmp_path):
+  """Both processes are killed after checkpoint 4 and restarted: the job
+  resumes from that step and ends equal to one uninterrupted process of as
+  many devices (weights within 1e-5, the same global eval metric)."""
+  steps, out_dir = 12, tmp_path / 'two'
+  first = _train_two_processes(out_dir, steps)
+  marker = out_dir / 'checkpoints' / '4' / 'COMMITTED'
+  deadline = time.time() + TIMEOUT_S
+  while not marker.exists() and time.time() < deadline and all(
+      p.poll() is None for p in first):
+    time.sleep(0.05)
+  for p in first:
+    p.kill()
+  for p in first:
+    p.communicate()
+  assert marker.exists()
+  second = _train_two_processes(out_dir, steps)
+  results = [_finish_text(p) for p in second]
+  for code, _, err in results:
+    assert code == 0, err[-3000:]
+  out0, out1 = results[0][1], results[1][1]
+  resumed = [l for l in out0.splitlines() if l.startswith('Resuming')]
+  assert resumed and 'at step ' in resumed[0], out0[-2000:]
+  assert int(resumed[0].split('at step ')[1].split()[0]) < steps
+  assert 'Training steps' in out0 and '(2 processes, 4 devices in all)' in out0
+  # Process 1 prints no progress of its own; Trax's per-step lines show the
+  # same global metrics on both processes.
+  assert not [l for l in out1.splitlines()
+              if l.startswith(('step ', 'Resuming', 'Done'))]
+  last_eval = [[l for l in out.splitlines() if 'eval  log_perplexity' in l][-1]
+               for out in (out0, out1)]
+  assert last_eval[0] == last_eval[1] and f'Step {steps:6d}' in last_eval[0]
+  assert not os.path.exists(out_dir / 'checkpoints.damaged')
+
+  one = tmp_path / 'one'
+  code, out, err = _finish_text(_train(one, steps, 4))
+  assert code == 0, err[-3000:]
+  (w2, ppl2), (w1, ppl1) = _final(out_dir, out0), _final(one, out)
+  assert len(w2) == len(w1)
+  assert max(float(np.max(np.abs(a - b))) for a, b in zip(w2, w1)) < 1e-5
+  assert ppl2 == pytest.approx(ppl1, abs=2e-4)
+
+
+def _finish_text(process):
+  try:
+    out, err = process.communicate(timeout=TIMEOUT_S)
+  except subprocess.TimeoutExpired:
+    process.kill()
+    out, err = process.communicate()
+  return process.returncode, out, err
