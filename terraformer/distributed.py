@@ -48,7 +48,7 @@ MESH_AXIS = 'fsdp'  # One axis: weights, slots and the batch split over it.
 
 
 def initialize(coordinator_address=None, num_processes=None, process_id=None,
-               timeout_s=300, heartbeat_timeout_s=60):
+               timeout_s=300, heartbeat_timeout_s=60, detect=False):
   """Joins this process to a multi-process JAX job (no-op for one process).
 
   With no arguments JAX detects the cluster from the environment (Slurm,
@@ -56,7 +56,8 @@ def initialize(coordinator_address=None, num_processes=None, process_id=None,
   `timeout_s` bounds the wait for all processes to join (a process other
   than 0 that finds no coordinator gets a one-line error; JAX itself aborts a
   process whose peers do not register in time) and `heartbeat_timeout_s` how
-  long the others wait for a process that died.
+  long the others wait for a process that died. With `detect`, finding no
+  cluster in the environment is an error, not a single-process run.
   Returns (process_index, process_count).
   """
   explicit = coordinator_address is not None or num_processes is not None
@@ -79,6 +80,10 @@ def initialize(coordinator_address=None, num_processes=None, process_id=None,
   except ValueError as e:
     if explicit:
       raise errors.TerraformerError(f'jax.distributed: {e}') from None
+    if detect:
+      raise errors.TerraformerError(
+          'JAX detected no cluster in the environment (Slurm, Open MPI, TPU '
+          f'pod, Kubernetes): {errors.first_line(e)}') from None
     return 0, 1  # No cluster detected: one process.
   except Exception as e:  # pylint: disable=broad-except
     raise errors.TerraformerError(

@@ -100,6 +100,14 @@ def test_a_dead_process_stops_the_other_with_one_line(tmp_path):
   assert 'worker: step ' in err and 'another process probably died' in err
 
 
+def test_distributed_flag_without_a_cluster_is_one_line(tmp_path):
+  code, out, err = _finish_text(_train(tmp_path / 'o', 2, 1, '--distributed'))
+  assert code == 2
+  assert err.strip().splitlines()[-1].startswith(
+      'terraformer-train: error: JAX detected no cluster'), err[-2000:]
+  assert not os.path.exists(tmp_path / 'o') and 'Traceback' not in err
+
+
 @pytest.mark.slow
 def test_a_process_that_never_joins_is_a_bounded_error(tmp_path):
   code, err = _finish(_start(
@@ -150,8 +158,9 @@ TRAIN_ARGS = ['--config_file=gin/tiny/soak.gin',
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def _train(out_dir, steps, devices, *args):
-  env = dict(os.environ, XLA_FLAGS=distributed.force_host_devices(devices))
+def _train(out_dir, steps, devices, *args, env=None):
+  env = dict(os.environ, XLA_FLAGS=distributed.force_host_devices(devices),
+             **(env or {}))
   return subprocess.Popen(
       [sys.executable, '-m', 'terraformer.cli.train', *TRAIN_ARGS,
        f'--output_dir={out_dir}', f'--steps={steps}', *args],
@@ -163,6 +172,30 @@ def _train_two_processes(out_dir, steps):
   port = _free_port()
   return [_train(out_dir, steps, 2, f'--coordinator_address=127.0.0.1:{port}',
                  '--num_processes=2', f'--process_id={i}') for i in range(2)]
+
+
+def _slurm_job_id():
+  """A Slurm job id whose JAX coordinator port (61440 + id % 4096) is free."""
+  start = int.from_bytes(os.urandom(2), 'little') % 4096
+  for offset in range(4096):
+    job = (start + offset) % 4096
+    with socket.socket() as s:
+      try:
+        s.bind(('127.0.0.1', 61440 + job))
+        return str(job)
+      except OSError:
+        continue
+  raise RuntimeError('no free port in 61440..65535')
+
+
+def _train_as_slurm_tasks(out_dir, steps):
+  """2 processes as `srun --ntasks=2` on one node starts them: JAX reads the
+  job from the SLURM_* variables (`terraformer-train --distributed`)."""
+  job = _slurm_job_id()
+  return [_train(out_dir, steps, 2, '--distributed', env={
+      'SLURM_JOB_ID': job, 'SLURM_STEP_NODELIST': 'localhost',
+      'SLURM_NTASKS': '2', 'SLURM_PROCID': str(i), 'SLURM_LOCALID': str(i),
+      'SLURM_STEP_NUM_NODES': '1'}) for i in range(2)]
 
 
 def _final(out_dir, stdout):
@@ -177,9 +210,10 @@ def _final(out_dir, stdout):
 @pytest.mark.slow
 def test_train_cli_two_processes_killed_and_resumed_equals_one_process(
     tmp_path):
-  """Both processes are killed after checkpoint 4 and restarted: the job
-  resumes from that step and ends equal to one uninterrupted process of as
-  many devices (weights within 1e-5, the same global eval metric)."""
+  """Both processes are killed after checkpoint 4 and restarted (as Slurm
+  tasks, `--distributed`): the job resumes from that step and ends equal to
+  one uninterrupted process of as many devices (weights within 1e-5, the
+  same global eval metric)."""
   steps, out_dir = 12, tmp_path / 'two'
   first = _train_two_processes(out_dir, steps)
   marker = out_dir / 'checkpoints' / '4' / 'COMMITTED'
@@ -192,7 +226,7 @@ def test_train_cli_two_processes_killed_and_resumed_equals_one_process(
   for p in first:
     p.communicate()
   assert marker.exists()
-  second = _train_two_processes(out_dir, steps)
+  second = _train_as_slurm_tasks(out_dir, steps)
   results = [_finish_text(p) for p in second]
   for code, _, err in results:
     assert code == 0, err[-3000:]
@@ -215,7 +249,10 @@ def test_train_cli_two_processes_killed_and_resumed_equals_one_process(
   assert code == 0, err[-3000:]
   (w2, ppl2), (w1, ppl1) = _final(out_dir, out0), _final(one, out)
   assert len(w2) == len(w1)
-  assert max(float(np.max(np.abs(a - b))) for a, b in zip(w2, w1)) < 1e-5
+  difference = max(float(np.max(np.abs(a - b))) for a, b in zip(w2, w1))
+  print(f'{resumed[0]}; max |weight difference| {difference:.2e}; final eval '
+        f'log_perplexity {ppl2} (2 x 2) vs {ppl1} (1 x 4)')
+  assert difference < 1e-5
   assert ppl2 == pytest.approx(ppl1, abs=2e-4)
 
 

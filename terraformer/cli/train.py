@@ -58,7 +58,8 @@ def _precheck(flag_values):
       raise errors.TerraformerError(
           f'--process_id={flag_values.process_id} is not below '
           f'--num_processes={flag_values.num_processes}')
-    distributed.initialize(*explicit, timeout_s=flag_values.join_timeout_s)
+    distributed.initialize(*explicit, timeout_s=flag_values.join_timeout_s,
+                           detect=flag_values.distributed)
 
 
 def _train(flag_values):
