@@ -44,6 +44,10 @@ def _define_flags(flag_values):
   flags.DEFINE_integer('join_timeout_s', 300, 'Seconds to wait for all '
                        'processes to join.', lower_bound=1,
                        flag_values=flag_values)
+  flags.DEFINE_integer('heartbeat_timeout_s', 60, 'Seconds without a sign '
+                       'of life after which a process counts as dead and '
+                       'the others stop (exit 2).', lower_bound=1,
+                       flag_values=flag_values)
 
 
 def _precheck(flag_values):
@@ -58,8 +62,10 @@ def _precheck(flag_values):
       raise errors.TerraformerError(
           f'--process_id={flag_values.process_id} is not below '
           f'--num_processes={flag_values.num_processes}')
-    distributed.initialize(*explicit, timeout_s=flag_values.join_timeout_s,
-                           detect=flag_values.distributed)
+    distributed.initialize(
+        *explicit, timeout_s=flag_values.join_timeout_s,
+        heartbeat_timeout_s=flag_values.heartbeat_timeout_s,
+        detect=flag_values.distributed)
 
 
 def _train(flag_values):
