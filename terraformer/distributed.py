@@ -72,6 +72,10 @@ def initialize(coordinator_address=None, num_processes=None, process_id=None,
                           timeout_s)
   # CPU devices of different processes talk over gloo (no effect on GPU/TPU).
   jax.config.update('jax_cpu_collectives_implementation', 'gloo')
+  # With asynchronous dispatch on CPU, a small computation dispatched behind
+  # a pmapped step's gloo all-reduce (e.g. Trax's unreplicate) hung 2 of 3
+  # 12-step 2 x 2-device jobs here; dispatched inline, 6 of 6 finished.
+  jax.config.update('jax_cpu_enable_async_dispatch', False)
   try:
     jax.distributed.initialize(
         coordinator_address, num_processes, process_id,
@@ -133,14 +137,69 @@ def is_multiprocess():
   return jax.process_count() > 1
 
 
+_EXCHANGES = [0]  # Calls of `_exchange` so far (the same on every process).
+
+
+def _exchange(value, timeout_s=1800):
+  """Every process's JSON-able `value`, as a list by process index.
+
+  Through the key-value store of JAX's coordination service (what orbax's
+  barriers use): no device work, so it never interleaves with the
+  collectives of a training step running on the devices. Every process must
+  call it as many times, in the same order.
+  """
+  from jax._src import distributed as jax_distributed  # pylint: disable=g-import-not-at-top
+  client = jax_distributed.global_state.client
+  _EXCHANGES[0] += 1
+  n, me = _EXCHANGES[0], jax.process_index()
+  client.key_value_set(f'terraformer/{n}/{me}', json.dumps(value))
+  if n > 2:  # Every process has read call n - 2 to get here.
+    client.key_value_delete(f'terraformer/{n - 2}/{me}')
+  values = []
+  for process in range(jax.process_count()):
+    try:
+      values.append(json.loads(client.blocking_key_value_get(
+          f'terraformer/{n}/{process}', timeout_s * 1000)))
+    except Exception as e:  # pylint: disable=broad-except
+      raise ProcessGroupError(
+          f'process {process} did not answer within {timeout_s} s (it '
+          f'probably died): {errors.first_line(e)}') from None
+  return values
+
+
+def global_mean(values):
+  """Each of `values` (floats) averaged over all processes, on every process.
+
+  Every process must call it with as many values. A NaN on any process
+  makes that mean NaN everywhere.
+  """
+  values = [float(v) for v in values]
+  if not is_multiprocess():
+    return np.asarray(values, np.float32)
+  return np.mean(np.asarray(_exchange(values), np.float32), axis=0)
+
+
+def broadcast_json(value):
+  """Process 0's JSON-able `value` on every process (others pass anything)."""
+  if not is_multiprocess():
+    return value
+  return _exchange(None if jax.process_index() else value)[0]
+
+
+def shared_seed(seed=None):
+  """`seed`, or one drawn by process 0 when None, the same on every process."""
+  if seed is None and not jax.process_index():
+    seed = int(time.time() * 1e6) % 2**31
+  return int(broadcast_json(seed))
+
+
 def _sum_over_processes(tree, contribute):
   """Sum over processes of `tree` (numpy arrays) where `contribute`.
 
   One jitted reduction over a mesh of all devices: each process puts its
   arrays on its first device (zeros on its others). Every device's work is
-  finished before and after it: on CPU, a collective dispatched while
-  another (e.g. Trax's pmapped step) still runs on a sibling device can
-  starve the collective thread pool and hang both processes.
+  finished before and after it, so that it never runs beside another
+  computation's collectives.
   """
   mesh = device_mesh()
   rows = NamedSharding(mesh, PartitionSpec(MESH_AXIS))
@@ -163,42 +222,12 @@ def _sum_over_processes(tree, contribute):
       lambda a: np.asarray(a.addressable_data(0)), total)
 
 
-def global_mean(values):
-  """Each of `values` (floats) averaged over all processes, on every process.
-
-  A collective: every process must call it with as many values. A NaN on
-  any process makes that mean NaN everywhere.
-  """
-  values = np.asarray(values, np.float32)
-  if not is_multiprocess():
-    return values
-  return _sum_over_processes(values, True) / jax.process_count()
-
-
 def broadcast_from_process_0(tree):
   """Process 0's `tree` of arrays, on every process (others pass same-shaped
-  arrays; their values are ignored)."""
+  arrays; their values are ignored). A device collective: for start-up."""
   if not is_multiprocess():
     return tree
   return _sum_over_processes(tree, not jax.process_index())
-
-
-def broadcast_json(value):
-  """Process 0's JSON-able `value` on every process (others pass anything)."""
-  if not is_multiprocess():
-    return value
-  data = np.frombuffer(json.dumps(value).encode(), np.uint8)
-  size = int(broadcast_from_process_0(np.int32(data.size)))
-  if jax.process_index():
-    data = np.zeros(size, np.uint8)
-  return json.loads(bytes(broadcast_from_process_0(data)).decode())
-
-
-def shared_seed(seed=None):
-  """`seed`, or one drawn by process 0 when None, the same on every process."""
-  if seed is None and not jax.process_index():
-    seed = int(time.time() * 1e6) % 2**31
-  return int(broadcast_from_process_0(np.int32(seed or 0)))
 
 
 def device_mesh(devices=None):

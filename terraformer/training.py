@@ -212,13 +212,16 @@ class _CheckpointedLoop(training.Loop):
   def save_checkpoint(self, basename):
     if not distributed.is_multiprocess():
       if self._output_dir is not None:
-        self._save(basename)
+        self._save(basename, self._snapshot(basename))
       return
-    # Process 0 writes; all learn whether it could and stop together if not.
+    # Every process takes the snapshot (the same device work everywhere, so
+    # the collectives that follow match); process 0 writes it; all learn
+    # whether it could and stop together if not.
+    snapshot = self._snapshot(basename)
     error = None
     if self._store is not None:
       try:
-        self._save(basename)
+        self._save(basename, snapshot)
       except errors.TerraformerError as e:
         error = str(e)
     error = distributed.broadcast_json(error)
@@ -226,16 +229,28 @@ class _CheckpointedLoop(training.Loop):
       raise errors.TerraformerError(
           error if self._store else f'process 0: {error}')
 
-  def _save(self, basename):
-    if basename == 'model':
-      self._store.save(self.step, self._train_state(), {
+  def _snapshot(self, basename):
+    """(arrays of the checkpoint or None, Trax's checkpoint dict), on host."""
+    arrays = self._train_state() if basename == 'model' else None
+    trax_checkpoint = self._trax_checkpoint()
+    for key in ('flat_weights', 'flat_state', 'flat_eval_state',
+                'slots_per_task'):
+      trax_checkpoint[key] = jax.tree_util.tree_map(
+          lambda x: np.asarray(x) if hasattr(x, 'shape') else x,
+          trax_checkpoint[key])
+    return arrays, trax_checkpoint
+
+  def _save(self, basename, snapshot):
+    arrays, trax_checkpoint = snapshot
+    if arrays is not None:
+      self._store.save(self.step, arrays, {
           'batches_consumed': self.batches_consumed,
           'skipped_steps': self.skipped_steps,
           'history': self._history.to_dict()})
     try:
       checkpoints.write_trax_checkpoint(
           os.path.join(self._output_dir, f'{basename}.pkl.gz'),
-          self._trax_checkpoint())
+          trax_checkpoint)
     except OSError as e:
       raise errors.TerraformerError(
           f'cannot write {basename}.pkl.gz in {self._output_dir} ('
@@ -447,6 +462,14 @@ def train(output_dir,
   n_devices = jax.local_device_count()
   chief = not jax.process_index()  # Reads and writes output_dir.
   if distributed.is_multiprocess():
+    if n_devices == 1:  # Trax's Loop then jits, with no cross-device sum.
+      raise errors.TerraformerError(
+          'a multi-process job needs more than one device per process: '
+          "Trax's Loop averages gradients across processes only through "
+          'pmap, which it uses for 2 or more local devices')
+    if jax.default_backend() == 'cpu':
+      say('Warning: on CPU devices (gloo), Trax\'s pmapped step can hang in '
+          'a multi-process job (README, "Many devices and processes")')
     random_seed = distributed.shared_seed(random_seed)
     train_stream = _this_process_rows(train_stream)
     eval_stream = _this_process_rows(eval_stream)
