@@ -34,13 +34,19 @@ def _start(out, devices, *args):
       stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
-def _finish(process):
+def _finish_text(process):
+  """(exit code, stdout, stderr) of `process`, killed after TIMEOUT_S."""
   try:
     out, err = process.communicate(timeout=TIMEOUT_S)
   except subprocess.TimeoutExpired:
     process.kill()
     out, err = process.communicate()
-  return process.returncode, err
+  return process.returncode, out, err
+
+
+def _finish(process):
+  code, _, err = _finish_text(process)
+  return code, err
 
 
 def _run(out, devices, *args):
@@ -272,12 +278,3 @@ def test_train_cli_two_processes_killed_and_resumed_equals_one_process(
         f'log_perplexity {ppl2} (2 x 2) vs {ppl1} (1 x 4)')
   assert difference < 1e-5
   assert ppl2 == pytest.approx(ppl1, abs=2e-4)
-
-
-def _finish_text(process):
-  try:
-    out, err = process.communicate(timeout=TIMEOUT_S)
-  except subprocess.TimeoutExpired:
-    process.kill()
-    out, err = process.communicate()
-  return process.returncode, out, err
