@@ -72,9 +72,9 @@ def initialize(coordinator_address=None, num_processes=None, process_id=None,
                           timeout_s)
   # CPU devices of different processes talk over gloo (no effect on GPU/TPU).
   jax.config.update('jax_cpu_collectives_implementation', 'gloo')
-  # With asynchronous dispatch on CPU, a small computation dispatched behind
-  # a pmapped step's gloo all-reduce (e.g. Trax's unreplicate) hung 2 of 3
-  # 12-step 2 x 2-device jobs here; dispatched inline, 6 of 6 finished.
+  # Small CPU computations dispatched inline, not queued behind a pmapped
+  # step's gloo all-reduce: tried against an intermittent hang of 2 x 2-device
+  # Trax Loop jobs (README); the hang remained (1 of 3 runs with it).
   jax.config.update('jax_cpu_enable_async_dispatch', False)
   try:
     jax.distributed.initialize(

@@ -174,24 +174,27 @@ class _CheckpointedLoop(training.Loop):
       return
     step, arrays, meta = restored
     self._set_train_state(arrays)
-    self._step = step
+    self._set_position(dict(meta, step=step))
+
+  def _position(self):
+    """Where training stands, as the checkpoint's JSON meta says it."""
+    return {'step': self._step, 'batches_consumed': self.batches_consumed,
+            'skipped_steps': self.skipped_steps,
+            'history': self._history.to_dict()}
+
+  def _set_position(self, meta):
+    self._step = meta['step']
     self.batches_consumed = meta['batches_consumed']
     self.skipped_steps = meta['skipped_steps']
     self._history = trax_history.History.from_dict(meta['history'])
 
   def _take_state_of_process_0(self):
-    meta = distributed.broadcast_json({
-        'step': self._step, 'batches_consumed': self.batches_consumed,
-        'skipped_steps': self.skipped_steps,
-        'history': self._history.to_dict()})
+    meta = distributed.broadcast_json(self._position())
     if not meta['step']:
       return  # Fresh start: the shared seed made the same weights everywhere.
     self._set_train_state(distributed.broadcast_from_process_0(
         self._train_state()))
-    self._step = meta['step']
-    self.batches_consumed = meta['batches_consumed']
-    self.skipped_steps = meta['skipped_steps']
-    self._history = trax_history.History.from_dict(meta['history'])
+    self._set_position(meta)
 
   def _load_trax_checkpoint(self):
     """Resumes from a Trax-only `model.pkl.gz` (written before checkpoints/)."""
@@ -243,10 +246,7 @@ class _CheckpointedLoop(training.Loop):
   def _save(self, basename, snapshot):
     arrays, trax_checkpoint = snapshot
     if arrays is not None:
-      self._store.save(self.step, arrays, {
-          'batches_consumed': self.batches_consumed,
-          'skipped_steps': self.skipped_steps,
-          'history': self._history.to_dict()})
+      self._store.save(self.step, arrays, self._position())
     try:
       checkpoints.write_trax_checkpoint(
           os.path.join(self._output_dir, f'{basename}.pkl.gz'),

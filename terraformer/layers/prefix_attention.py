@@ -91,7 +91,7 @@ def prefix_switch(buckets, count, branch, *operands):
 _XLA_CPU_REDUCE_WINDOW = 32
 
 
-def _split_last(x):
+def split_last(x):
   """(x viewed as [..., n / k, k] with n / k, k <= 32 if n factors so, the
   axes to reduce): one XLA:CPU operation per reduction over them."""
   n, most = x.shape[-1], _XLA_CPU_REDUCE_WINDOW
@@ -111,7 +111,7 @@ def logsumexp_last(x):
   sum of exp(x - max), plus the maximum. Only the summation order of the
   exponentials differs (float rounding).
   """
-  view, axes = _split_last(x)
+  view, axes = split_last(x)
   amax = jnp.max(view, axis=axes, keepdims=True)
   amax = jax.lax.stop_gradient(
       jnp.where(jnp.isfinite(amax), amax, jnp.zeros_like(amax)))
@@ -122,7 +122,7 @@ def logsumexp_last(x):
 def softmax_last(x):
   """jax.nn.softmax(x, axis=-1), one operation per reduction (decoding
   steps); as `logsumexp_last`, only the summation order differs."""
-  view, axes = _split_last(x)
+  view, axes = split_last(x)
   unnormalized = jnp.exp(view - jax.lax.stop_gradient(
       jnp.max(view, axis=axes, keepdims=True)))
   return (unnormalized / jnp.sum(unnormalized, axis=axes, keepdims=True)

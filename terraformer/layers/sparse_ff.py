@@ -7,6 +7,8 @@ from trax import fastmath
 from trax import layers as tl
 from trax.layers import initializers as init
 
+from terraformer.layers.prefix_attention import split_last
+
 _REPLAY = 'replay'  # State key of decisions to reuse (layers/reversible.py).
 
 
@@ -207,23 +209,11 @@ def _first_argmax(logits):
   reduction. Max is exact in any order: the result is jnp.argmax's.
   """
   n = logits.shape[-1]
-  split = _reduction_split(n)
-  view = logits.reshape(logits.shape[:-1] + split)
-  axes = tuple(range(-len(split), 0))
+  view, axes = split_last(logits)
   is_max = view >= jnp.max(view, axis=axes, keepdims=True)
-  reversed_index = (n - 1 - jnp.arange(n)).reshape(split)
+  reversed_index = (n - 1 - jnp.arange(n)).reshape(view.shape[-len(axes):])
   reversed_index = jnp.max(jnp.where(is_max, reversed_index, -1), axis=axes)
   return n - 1 - reversed_index
-
-
-def _reduction_split(n, most=32):
-  """(n,) or (n // k, k) with both at most `most`, if n factors so."""
-  if n <= most:
-    return (n,)
-  for k in range(most, 0, -1):
-    if n % k == 0 and n // k <= most:
-      return (n // k, k)
-  return (n,)
 
 
 def _take_rows(array, rows):
