@@ -76,6 +76,7 @@ def initialize(coordinator_address=None, num_processes=None, process_id=None,
   # step's gloo all-reduce: tried against an intermittent hang of 2 x 2-device
   # Trax Loop jobs (README); the hang remained (1 of 3 runs with it).
   jax.config.update('jax_cpu_enable_async_dispatch', False)
+  _widen_cpu_client_pool()
   try:
     jax.distributed.initialize(
         coordinator_address, num_processes, process_id,
@@ -95,6 +96,42 @@ def initialize(coordinator_address=None, num_processes=None, process_id=None,
         f'{process_id} of {num_processes} within {timeout_s} s: '
         f'{errors.first_line(e)}') from None
   return jax.process_index(), jax.process_count()
+
+
+def _local_cpu_devices():
+  """CPU devices this process will have (JAX's flag, else XLA_FLAGS)."""
+  count = jax.config.jax_num_cpu_devices
+  if count is not None and count > 0:
+    return count
+  for flag in os.environ.get('XLA_FLAGS', '').split():
+    if flag.startswith('--xla_force_host_platform_device_count='):
+      try:
+        return int(flag.split('=', 1)[1])
+      except ValueError:
+        pass
+  return 1
+
+
+def _widen_cpu_client_pool():
+  """Gives XLA's CPU client more threads than this process has devices.
+
+  The CPU client runs each local device's part of a multi-device program
+  (every pmapped step, every `x[0]` of a replicated array) on one thread of
+  a pool of max(cores, local devices) threads, and a part waiting in a gloo
+  collective holds its thread until the other processes join. With as many
+  cores as devices (2 x 2 forced devices on 2 cores) nothing else can run
+  while a collective waits: a 2-process Trax Loop job hung intermittently
+  (4 of ~20 runs of 12 steps; in a gdb dump one pool thread of process 1 sat
+  in a gloo all-reduce, the other in a launch blocked on a semaphore, so the
+  other device's part never ran). With 4 threads per device: 0 hangs in 30
+  runs. PJRT_NPROC (read when JAX creates the CPU client, after this) sets
+  the pool size; an explicit PJRT_NPROC or NPROC is kept.
+  """
+  if 'PJRT_NPROC' in os.environ or 'NPROC' in os.environ:
+    return
+  threads = 4 * _local_cpu_devices()
+  if (os.cpu_count() or 1) < threads:
+    os.environ['PJRT_NPROC'] = str(threads)
 
 
 def _wait_for_coordinator(address, process_id, num_processes, timeout_s):

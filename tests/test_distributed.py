@@ -215,11 +215,6 @@ def _final(out_dir, stdout):
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(
-    not os.environ.get('TERRAFORMER_GLOO_TRAIN_TEST'),
-    reason='terraformer-train as 2 CPU processes can hang inside Trax\'s '
-    'pmapped step over gloo (4 of ~20 runs of 12 steps here; README "Many devices '
-    'and processes"): not in CI; run with TERRAFORMER_GLOO_TRAIN_TEST=1')
 def test_train_cli_two_processes_killed_and_resumed_equals_one_process(
     tmp_path):
   """Process 1 is killed after checkpoint 4: process 0 stops (bounded). Both are restarted (as Slurm tasks, `--distributed`): the job
