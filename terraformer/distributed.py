@@ -73,8 +73,8 @@ def initialize(coordinator_address=None, num_processes=None, process_id=None,
   # CPU devices of different processes talk over gloo (no effect on GPU/TPU).
   jax.config.update('jax_cpu_collectives_implementation', 'gloo')
   # Small CPU computations dispatched inline, not queued behind a pmapped
-  # step's gloo all-reduce: tried against an intermittent hang of 2 x 2-device
-  # Trax Loop jobs (README); the hang remained (1 of 3 runs with it).
+  # step's all-reduce (tried first against the 2 x 2-device hang whose cause
+  # was the CPU client's thread pool: _widen_cpu_client_pool).
   jax.config.update('jax_cpu_enable_async_dispatch', False)
   _widen_cpu_client_pool()
   try:

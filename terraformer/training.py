@@ -467,9 +467,6 @@ def train(output_dir,
           'a multi-process job needs more than one device per process: '
           "Trax's Loop averages gradients across processes only through "
           'pmap, which it uses for 2 or more local devices')
-    if jax.default_backend() == 'cpu':
-      say('Warning: on CPU devices (gloo), Trax\'s pmapped step can hang in '
-          'a multi-process job (README, "Many devices and processes")')
     random_seed = distributed.shared_seed(random_seed)
     train_stream = _this_process_rows(train_stream)
     eval_stream = _this_process_rows(eval_stream)
