@@ -124,8 +124,9 @@ def _widen_cpu_client_pool():
   (4 of ~20 runs of 12 steps; in a gdb dump one pool thread of process 1 sat
   in a gloo all-reduce, the other in a launch blocked on a semaphore, so the
   other device's part never ran). Re-tested: 5 hangs in 10 runs with
-  PJRT_NPROC=2, 0 in 30 with 4 threads per device. PJRT_NPROC (read when JAX creates the CPU client, after this) sets
-  the pool size; an explicit PJRT_NPROC or NPROC is kept.
+  PJRT_NPROC=2, 0 in 30 with 4 threads per device. PJRT_NPROC (read when
+  JAX creates the CPU client, after this) sets the pool size; an explicit
+  PJRT_NPROC or NPROC is kept.
   """
   if 'PJRT_NPROC' in os.environ or 'NPROC' in os.environ:
     return
