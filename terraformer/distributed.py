@@ -325,71 +325,84 @@ class ShardedTrainer:
   """Jitted training steps of a Trax model with FSDP-sharded weights/slots.
 
   The training math is Trax's (`tl.Serial(model, loss_layer)`, the
-  optimizer's `tree_update`, as `trax.optimizers.Trainer` does for one
-  device); only where arrays live differs. Every process builds the same
-  trainer (same seed: identical initial weights) and calls `train_step` with
-  its own rows of each global batch (`process_rows`).
+  optimizer's `tree_update` at 1-based steps, as `trax.optimizers.Trainer`
+  does for one device); only where arrays live differs. Weights are
+  initialized as Trax's `Loop` does for the same seed (the second half of
+  `PRNGKey(seed)` split in two), but by one jitted call whose outputs are
+  already sharded: no host and no device ever holds a whole model. Every
+  process builds the same trainer and calls `train_step` with its own rows
+  of each global batch (`process_rows`).
+
+  With `skip_non_finite`, a step whose loss or gradient norm is not finite
+  leaves weights and slots unchanged (decided inside the jitted step).
   """
 
   def __init__(self, model, loss_layer, optimizer, lr_schedule, sample_batch,
-               mesh=None, seed=0):
+               mesh=None, seed=0, skip_non_finite=False):
     self.mesh = device_mesh() if mesh is None else mesh
     self._lr_schedule = lr_schedule
     self._optimizer = optimizer
+    self._model = model
     self._model_with_loss = tl.Serial(model, loss_layer)
+    self._skip_non_finite = skip_non_finite
     signature = shapes.signature(tuple(sample_batch))
-    weights, state = self._model_with_loss.init(
-        signature, rng=jax.random.PRNGKey(seed))
-    slots, opt_params = optimizer.tree_init(weights)
+    self.rng, init_rng = jax.random.split(jax.random.PRNGKey(seed))
+
+    def init(rng):
+      weights, state = model.init(signature, rng=rng)
+      return weights, state, optimizer.tree_init(weights)[0]
+    weights, state, slots = jax.eval_shape(init, init_rng)
     self._w_shard = fsdp_shardings(weights, self.mesh)
     self._s_shard = fsdp_shardings(slots, self.mesh)
-    self.weights = jax.tree_util.tree_map(_global_array, weights,
-                                          self._w_shard)
-    self.slots = jax.tree_util.tree_map(_global_array, slots, self._s_shard)
-    self.state = jax.tree_util.tree_map(
-        _global_array, state, _replicated(state, self.mesh))
-    self._opt_params = opt_params
-    self._rng = jax.random.PRNGKey(seed)
+    self._state_shard = _replicated(state, self.mesh)
+    self.weights, self.state, self.slots = jax.jit(init, out_shardings=(
+        self._w_shard, self._state_shard, self._s_shard))(init_rng)
+    self._loss_weights = loss_layer.weights
+    self._loss_state = loss_layer.state
+    self._opt_params = optimizer.tree_init(())[1]
     self.step = 0
-    batch_shard = _batch_shardings(sample_batch, self.mesh)
-    self._batch_shard = batch_shard
+    self.last_stats = {}
+    self._batch_shard = _batch_shardings(sample_batch, self.mesh)
     replicated = NamedSharding(self.mesh, PartitionSpec())
+    self._replicated = replicated
     self._step_fn = jax.jit(
         self._train_step,
-        in_shardings=(self._w_shard, self._s_shard, None, batch_shard,
-                      replicated, replicated, None),
-        out_shardings=(self._w_shard, self._s_shard, None, replicated, None),
+        in_shardings=(self._w_shard, self._s_shard, self._state_shard,
+                      self._batch_shard, replicated, replicated, None),
+        out_shardings=(self._w_shard, self._s_shard, self._state_shard,
+                       replicated, replicated),
         donate_argnums=(0, 1))
+    self._eval_fns = {}
 
   def _train_step(self, weights, slots, state, batch, rng, step, opt_params):
     def loss_fn(w):
-      loss, new_state = self._model_with_loss.pure_fn(batch, w, state, rng)
-      return loss, new_state
+      loss, new_state = self._model_with_loss.pure_fn(
+          batch, (w, self._loss_weights), (state, self._loss_state), rng)
+      return loss, new_state[0]
     (loss, new_state), grads = jax.value_and_grad(loss_fn, has_aux=True)(
         weights)
-    weights, slots, stats = self._optimizer.tree_update(
+    new_weights, new_slots, stats = self._optimizer.tree_update(
         step, grads, weights, slots, opt_params, store_slots=False)
-    return weights, slots, new_state, loss, stats
+    if self._skip_non_finite:
+      finite = jnp.isfinite(loss) & jnp.isfinite(stats['gradients_l2'])
+      keep = lambda new, old: jnp.where(finite, new, old)
+      new_weights = jax.tree_util.tree_map(keep, new_weights, weights)
+      new_slots = jax.tree_util.tree_map(keep, new_slots, slots)
+      new_state = jax.tree_util.tree_map(keep, new_state, state)
+    return new_weights, new_slots, new_state, loss, stats
 
   def global_batch(self, local_batch):
     """Global arrays from this process's rows of each batch array."""
     return tuple(jax.make_array_from_process_local_data(s, np.asarray(x))
                  for s, x in zip(self._batch_shard, local_batch))
 
-  def train_step(self, local_batch):
-    """One step on this process's rows; returns the global batch's loss."""
-    self.step += 1
-    self._rng, rng = jax.random.split(self._rng)
-    opt_params = dict(self._opt_params)
-    opt_params['learning_rate'] = jnp.asarray(
-        self._lr_schedule(self.step), jnp.float32)
+  def new_rng(self):
+    self.rng, rng = jax.random.split(self.rng)
+    return rng
+
+  def _collective(self, call):
     try:
-      self.weights, self.slots, self.state, loss, stats = self._step_fn(
-          self.weights, self.slots, self.state,
-          self.global_batch(local_batch), rng, jnp.asarray(self.step),
-          opt_params)
-      del stats
-      return float(loss)
+      return call()
     except jax.errors.JaxRuntimeError as e:
       if jax.process_count() == 1:
         raise
@@ -397,11 +410,70 @@ class ShardedTrainer:
           f'step {self.step}: a collective with the other processes failed '
           f'(another process probably died): {errors.first_line(e)}') from None
 
+  def train_step(self, local_batch):
+    """One step on this process's rows; returns the global batch's loss.
+
+    `last_stats` then holds the step's `gradients_l2`, `weights_l2` and
+    `loss` (Trax's Trainer's stats).
+    """
+    self.step += 1
+    rng = self.new_rng()
+    opt_params = dict(self._opt_params)
+    opt_params['learning_rate'] = jnp.asarray(
+        self._lr_schedule(self.step), jnp.float32)
+
+    def call():
+      self.weights, self.slots, self.state, loss, stats = self._step_fn(
+          self.weights, self.slots, self.state,
+          self.global_batch(local_batch), rng, jnp.asarray(self.step),
+          opt_params)
+      loss = float(loss)
+      # Trax's Trainer adds the loss to the optimizer's stats.
+      self.last_stats = dict({k: float(v) for k, v in stats.items()},
+                             loss=loss)
+      return loss
+    return self._collective(call)
+
+  def evaluate(self, local_batch, metric_layers):
+    """Each of `metric_layers` on the global batch (this process's rows),
+    with the current weights and state, in the eval mode of `eval_model`
+    given to `set_eval_model` (default: the training model)."""
+    key = tuple(id(m) for m in metric_layers)
+    if key not in self._eval_fns:
+      model = getattr(self, '_eval_model', self._model)
+      branch = tl.Branch(*metric_layers)
+      metrics = tl.Serial(model, branch)
+      metric_weights, metric_state = branch.weights, branch.state
+
+      def evaluate(weights, state, batch, rng):
+        values, _ = metrics.pure_fn(batch, (weights, metric_weights),
+                                    (state, metric_state), rng)
+        return tuple(values) if len(metric_layers) > 1 else (values,)
+      self._eval_fns[key] = jax.jit(evaluate, in_shardings=(
+          self._w_shard, self._state_shard, self._batch_shard,
+          self._replicated), out_shardings=self._replicated)
+    rng = self.new_rng()
+    return self._collective(lambda: [float(v) for v in self._eval_fns[key](
+        self.weights, self.state, self.global_batch(local_batch), rng)])
+
+  def set_eval_model(self, eval_model):
+    """Evaluates with `eval_model` (Trax's eval mode: no dropout; the same
+    weights and state as the training model, as Loop's `run_evals`)."""
+    self._eval_model = eval_model
+    self._eval_fns = {}
+
   def gathered_weights(self):
     """The full weights as numpy arrays (on every process)."""
-    gather = jax.jit(lambda w: w, out_shardings=_replicated(
-        self.weights, self.mesh))
-    return jax.tree_util.tree_map(np.asarray, gather(self.weights))
+    return self.gathered(self.weights)
+
+  def gathered(self, tree):
+    """`tree` of global arrays as numpy arrays, on every process.
+
+    One leaf at a time: a device holds at most the largest leaf whole.
+    """
+    gather = jax.jit(lambda x: x, out_shardings=self._replicated)
+    return jax.tree_util.tree_map(
+        lambda x: np.asarray(self._collective(lambda: gather(x))), tree)
 
 
 def _nbytes(leaf):

@@ -15,6 +15,9 @@ Process 0 alone reads and writes `output_dir` (checkpoints, `model.pkl.gz`,
 TensorBoard events) and broadcasts the state it resumes from; metrics and the
 NaN guard use means over all processes. Trax's own Loop reports host-local
 losses and process 0's evals only (its `run_evals` TODO); this one does not.
+
+`weight_sharding = 'fsdp'` trains without Trax's Loop, with every weight and
+optimizer slot split over all devices (terraformer/sharded_training.py).
 """
 import itertools
 import math
@@ -37,6 +40,7 @@ from terraformer import compat
 from terraformer import distributed
 from terraformer import errors
 from terraformer import finetune
+from terraformer import sharded_training
 
 compat.apply()  # Loop needs them (checkpoint restore, devices) outside CLIs.
 
@@ -424,7 +428,9 @@ def train(output_dir,
           callbacks=(),
           init_checkpoint=None,
           keep_checkpoints=2,
-          skip_non_finite=False):
+          skip_non_finite=False,
+          weight_sharding='replicated',
+          write_model_pkl=True):
   """Trains `model` to `steps` total steps, resuming from `output_dir`.
 
   Args:
@@ -454,6 +460,15 @@ def train(output_dir,
     keep_checkpoints: committed checkpoints kept in `checkpoints/` (K).
     skip_non_finite: on a NaN/Inf loss or gradient norm, undo that step and
       count it instead of stopping with an error.
+    weight_sharding: 'replicated': Trax's Loop, a whole copy of the weights
+      and slots on every device (pmap). 'fsdp': every weight and optimizer
+      slot split over all devices of all processes (`ShardedTrainer`, one
+      jitted SPMD step; sharded checkpoints; terraformer/sharded_training.py)
+      for models that do not fit on one device. Not with
+      `use_memory_efficient_trainer`, `callbacks` or `init_checkpoint`.
+    write_model_pkl: 'fsdp' only: also write `model.pkl.gz` (the weights
+      gathered on process 0) at every checkpoint; False for weights larger
+      than a host's memory (the sharded `checkpoints/` are always written).
 
   Returns:
     The `trax.supervised.training.Loop` after training (`.step`, `.history`,
@@ -461,8 +476,12 @@ def train(output_dir,
   """
   n_devices = jax.local_device_count()
   chief = not jax.process_index()  # Reads and writes output_dir.
+  fsdp = _check_weight_sharding(weight_sharding, use_memory_efficient_trainer,
+                                callbacks, init_checkpoint)
+  if fsdp:
+    random_seed = distributed.shared_seed(random_seed)
   if distributed.is_multiprocess():
-    if n_devices == 1:  # Trax's Loop then jits, with no cross-device sum.
+    if n_devices == 1 and not fsdp:  # Trax's Loop then jits, with no cross-device sum.
       raise errors.TerraformerError(
           'a multi-process job needs more than one device per process: '
           "Trax's Loop averages gradients across processes only through "
@@ -479,6 +498,17 @@ def train(output_dir,
   # Every evaluation sees the same `eval_batches` batches: comparable curves.
   eval_set = list(itertools.islice(eval_batches_it, eval_batches))
   eval_batches_it = itertools.cycle(eval_set)
+  progress = _Progress(steps)
+  output_dir = os.path.expanduser(output_dir)
+  eval_at = lambda s: s == 1 or _every(eval_every, steps)(s)
+  if fsdp:
+    return sharded_training.train_fsdp(
+        output_dir, train_model, eval_model, train_batch, train_batches,
+        eval_set, steps, optimizer(), lr_schedule_fn(), random_seed,
+        keep_checkpoints, skip_non_finite, write_model_pkl, eval_at,
+        _every(checkpoint_every, steps),
+        _every(permanent_checkpoint_every, None), _eval_metric_layers(),
+        list(EVAL_METRICS), progress, say)
 
   train_task = training.TrainTask(
       train_batches, tl.WeightedCategoryCrossEntropy(), optimizer(),
@@ -488,8 +518,6 @@ def train(output_dir,
       eval_batches_it, _eval_metric_layers(), metric_names=list(EVAL_METRICS),
       n_eval_batches=eval_batches, sample_batch=eval_batch)
 
-  progress = _Progress(steps)
-  output_dir = os.path.expanduser(output_dir)
   if init_checkpoint:
     finetune.checkpoint_file(init_checkpoint)  # Fail before writing anything.
   fresh = chief and not os.path.exists(output_dir)
@@ -501,7 +529,7 @@ def train(output_dir,
     loop = _CheckpointedLoop(
         train_model, [train_task], eval_model=eval_model,
         eval_tasks=[eval_task], output_dir=output_dir if chief else None,
-        eval_at=lambda s: s == 1 or _every(eval_every, steps)(s),
+        eval_at=eval_at,
         checkpoint_at=_every(checkpoint_every, steps),
         permanent_checkpoint_at=_every(permanent_checkpoint_every, None),
         random_seed=random_seed,
@@ -544,6 +572,26 @@ def train(output_dir,
   if chief:
     progress.report()
   return loop
+
+
+def _check_weight_sharding(weight_sharding, memory_efficient, callbacks,
+                           init_checkpoint):
+  """Whether `weight_sharding` is 'fsdp' (vs 'replicated'); one-line errors
+  for other values and for what the FSDP path does not do."""
+  if weight_sharding not in ('replicated', 'fsdp'):
+    raise errors.TerraformerError(
+        f"terraformer.train.weight_sharding must be 'replicated' or 'fsdp', "
+        f'got {weight_sharding!r}')
+  if weight_sharding == 'replicated':
+    return False
+  for name, value in (('use_memory_efficient_trainer', memory_efficient),
+                      ('callbacks', callbacks),
+                      ('init_checkpoint', init_checkpoint)):
+    if value:
+      raise errors.TerraformerError(
+          f"terraformer.train.{name} is not supported with weight_sharding="
+          "'fsdp' (it is a Trax Loop feature)")
+  return True
 
 
 def _another_process_failed(error):
