@@ -41,6 +41,7 @@ from terraformer import distributed
 from terraformer import errors
 from terraformer import finetune
 from terraformer import sharded_training
+from terraformer.data import streaming
 
 compat.apply()  # Loop needs them (checkpoint restore, devices) outside CLIs.
 
@@ -88,13 +89,19 @@ def _like(template, leaves):
 
 
 def _this_process_rows(stream_fn):
-  """`stream_fn` whose batches keep this process's rows (all, alone)."""
+  """`stream_fn` whose batches keep this process's rows (all, alone).
+
+  A `ProcessBatch` (a TFDS stream that read only this process's part of the
+  split) already holds them.
+  """
   if not distributed.is_multiprocess():
     return stream_fn
 
   def stream():
     for batch in stream_fn():
-      if isinstance(batch, (tuple, list)) and np.ndim(batch[0]):
+      if isinstance(batch, streaming.ProcessBatch):
+        batch = tuple(batch)
+      elif isinstance(batch, (tuple, list)) and np.ndim(batch[0]):
         rows = distributed.process_rows(np.shape(batch[0])[0])
         batch = tuple(np.asarray(x)[rows] for x in batch)
       yield batch

@@ -368,3 +368,17 @@ def test_train_cli_fsdp_over_2_processes_equals_trax_loop_and_resumes(
   code, out, err = _finish_text(_fsdp_run(loop_dir, 8, 2))
   assert code == 0, err[-3000:]
   assert 'Resuming from checkpoint at step 6' in out
+
+
+def test_process_batches_are_fed_as_they_are_plain_ones_split(monkeypatch):
+  from terraformer import training  # pylint: disable=g-import-not-at-top
+  from terraformer.data import streaming  # pylint: disable=g-import-not-at-top
+  monkeypatch.setattr(distributed, 'is_multiprocess', lambda: True)
+  monkeypatch.setattr(jax, 'process_count', lambda: 2)
+  monkeypatch.setattr(jax, 'process_index', lambda: 1)
+  rows = np.arange(8).reshape(4, 2)
+  stream = training._this_process_rows(  # pylint: disable=protected-access
+      lambda: iter([(rows,), streaming.ProcessBatch((rows,))]))
+  plain, local = list(stream)
+  np.testing.assert_array_equal(plain[0], rows[2:])  # Process 1's half.
+  np.testing.assert_array_equal(local[0], rows)  # Already its rows.

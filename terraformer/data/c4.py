@@ -232,7 +232,8 @@ def _open(split, source, dataset, data_dir, version, vocab_size, vocab_path,
     one_pass = _aclsum_texts(split, papers_dir, shuffle, seed)
     return vocab, one_pass, shuffle, f'aclsum paper bodies {split!r}'
   one_pass = tfds_text.texts(dataset, split, (text_key,), data_dir=data_dir,
-                             version=version, shuffle_files=shuffle, seed=seed)
+                             version=version, shuffle_files=shuffle, seed=seed,
+                             per_process=True)
   return (vocab, one_pass, shuffle,
           f'{tfds_text.dataset_name(dataset, version)} {split!r}')
 
@@ -258,7 +259,9 @@ def c4_stream(split='train', source='tfds', input_len=1024, target_len=256,
       aclsum `split`, see `aclsum_papers`; offline stand-in for C4).
     input_len: tokens per input (masked text + EOS).
     target_len: tokens per target (sentinels and masked words + EOS).
-    batch_size: examples per batch.
+    batch_size: examples per batch (global: in a multi-process job each
+      process reads its own part of a TFDS split and yields its
+      batch_size / processes rows of each batch).
     noise_density: probability of masking each word (T5: 0.15).
     n_sentinels: number of sentinel ids above the SentencePiece pieces.
     pack: pack several documents into one example (separated by EOS); if
@@ -318,7 +321,7 @@ def c4_stream(split='train', source='tfds', input_len=1024, target_len=256,
   return streaming.batched(
       streaming.shuffled(padded(), shuffle_buffer if shuffle else 0,
                          shuffle_rng),
-      batch_size)
+      batch_size, per_process=source == 'tfds')
 
 
 @gin.configurable(module='terraformer.data')
@@ -369,4 +372,4 @@ def c4_lm_stream(split='train', source='tfds', seq_len=1024, batch_size=8,
 
   return streaming.batched(
       streaming.shuffled(padded(), shuffle_buffer if shuffle else 0, rng),
-      batch_size)
+      batch_size, per_process=source == 'tfds')

@@ -3,10 +3,28 @@
 `streams.py` shuffles and batches whole epochs of the small offline corpus;
 these helpers do the same for streams read from TFDS (C4, arXiv): a bounded
 shuffle buffer, and batches of fixed-shape examples.
+
+In a multi-process job a TFDS stream reads only its process's part of the
+split (`tfds_text.texts(per_process=True)`) and `batched(per_process=True)`
+yields `ProcessBatch`es of that process's rows of each global batch.
 """
 import itertools
 
 import numpy as np
+
+
+class ProcessBatch(tuple):
+  """A batch of this process's rows only (global batch size / processes),
+  from data this process alone read: the trainer feeds it as it is, instead
+  of taking this process's rows of a global batch."""
+
+
+def process_batch_size(batch_size):
+  """(rows per process, processes) of a global `batch_size`."""
+  import jax  # pylint: disable=g-import-not-at-top
+  from terraformer import distributed  # pylint: disable=g-import-not-at-top
+  rows = distributed.process_rows(batch_size)
+  return rows.stop - rows.start, jax.process_count()
 
 
 def shuffled(examples, buffer_size, rng):
@@ -29,13 +47,21 @@ def shuffled(examples, buffer_size, rng):
     yield buffer[i]
 
 
-def batched(examples, batch_size):
+def batched(examples, batch_size, per_process=False):
   """Yields batches (tuples of stacked arrays) of fixed-shape examples.
 
   An example is a tuple of numpy arrays; a batch stacks `batch_size` of them.
   A finite stream's last partial batch is filled with all-zero rows (zero
-  weights), so every example is seen once with static shapes.
+  weights), so every example is seen once with static shapes. With
+  `per_process` in a multi-process job, `examples` are this process's part
+  of the data and the batches `ProcessBatch`es of batch_size / processes
+  rows.
   """
+  wrap = tuple
+  if per_process:
+    local, processes = process_batch_size(batch_size)
+    if processes > 1:
+      batch_size, wrap = local, ProcessBatch
   examples = iter(examples)
   while True:
     rows = list(itertools.islice(examples, batch_size))
@@ -47,6 +73,6 @@ def batched(examples, batch_size):
       batch = tuple(
           np.concatenate([a, np.zeros((missing,) + a.shape[1:], a.dtype)])
           for a in batch)
-    yield batch
+    yield wrap(batch)
     if missing:
       return

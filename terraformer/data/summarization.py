@@ -34,7 +34,8 @@ def _check_source(source):
 
 
 def _pair_reader(split, source, papers_dir, dataset, data_dir, version,
-                 article_key, abstract_key, shuffle_files, seed):
+                 article_key, abstract_key, shuffle_files, seed,
+                 per_process=False):
   """Returns (function () -> one pass of (article, abstract) pairs, size).
 
   The size is known for 'aclsum' (None for 'tfds'); with `shuffle_files`,
@@ -54,7 +55,8 @@ def _pair_reader(split, source, papers_dir, dataset, data_dir, version,
     return one_pass, len(pairs)
   return tfds_text.texts(dataset, split, (article_key, abstract_key),
                          data_dir=data_dir, version=version,
-                         shuffle_files=shuffle_files, seed=seed), None
+                         shuffle_files=shuffle_files, seed=seed,
+                         per_process=per_process), None
 
 
 def _usable(pairs, skip_empty, where):
@@ -165,7 +167,8 @@ def summarization_stream(split='train', source='aclsum', input_len=16384,
   shuffle = split.startswith('train') if shuffle is None else shuffle
   one_pass, size = _pair_reader(split, source, papers_dir, dataset, data_dir,
                                 version, article_key, abstract_key,
-                                shuffle_files=shuffle, seed=seed)
+                                shuffle_files=shuffle, seed=seed,
+                                per_process=True)
   where = _where(source, split, dataset)
   if size is not None:  # Offline papers: check now that a batch fits.
     streams._check_enough(size, batch_size, 'papers', split)  # pylint: disable=protected-access
@@ -193,4 +196,4 @@ def summarization_stream(split='train', source='aclsum', input_len=16384,
 
   return streaming.batched(
       streaming.shuffled(examples(), shuffle_buffer if shuffle else 0, rng),
-      batch_size)
+      batch_size, per_process=source == 'tfds')

@@ -36,7 +36,7 @@ def _not_prepared_message(name, data_dir, error):
 
 
 def load(dataset, split, data_dir=None, version=None, shuffle_files=False,
-         seed=0, download=False):
+         seed=0, download=False, per_process=False):
   """Returns the `tf.data.Dataset` of one split, with clear errors.
 
   Args:
@@ -48,9 +48,16 @@ def load(dataset, split, data_dir=None, version=None, shuffle_files=False,
       (reshuffled every pass).
     seed: seed of the file order.
     download: let TFDS download and prepare a missing dataset.
+    per_process: in a multi-process job, only this process's part of the
+      split (`tfds.split_for_jax_process`: disjoint, equal parts, the
+      remainder dropped).
   """
   import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
   name = dataset_name(dataset, version)
+  if per_process:
+    import jax  # pylint: disable=g-import-not-at-top
+    if jax.process_count() > 1:
+      split = tfds.split_for_jax_process(split, drop_remainder=True)
   read_config = tfds.ReadConfig(shuffle_seed=seed)
   try:
     return tfds.load(name, split=split, data_dir=data_dir,
@@ -91,12 +98,13 @@ def iterate_texts(ds, keys):
 
 
 def texts(dataset, split, keys, data_dir=None, version=None, shuffle_files=False,
-          seed=0, download=False):
+          seed=0, download=False, per_process=False):
   """Returns a function: () -> iterator of str tuples, one pass of the split.
 
   The dataset is opened (and checked) when `texts` is called; each call of the
   returned function makes a new pass (with `shuffle_files`, in a new file
-  order).
+  order). `per_process`: as for `load`.
   """
-  ds = load(dataset, split, data_dir, version, shuffle_files, seed, download)
+  ds = load(dataset, split, data_dir, version, shuffle_files, seed, download,
+            per_process)
   return lambda: iterate_texts(ds, keys)

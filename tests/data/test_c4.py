@@ -283,3 +283,26 @@ def test_unknown_source(papers_dir, shared_cache_dir):
     _masked(papers_dir, source='c4')
   with pytest.raises(TerraformerError, match='Unknown split'):
     _masked(papers_dir, source='aclsum', split='train[:1%]')
+
+
+def test_each_process_reads_its_own_part_of_a_tfds_split(
+    vocab, docs, papers_dir, monkeypatch):
+  """2 processes: each reads a disjoint half of the split (TFDS's
+  split_for_jax_process) and yields ProcessBatches of half the rows."""
+  import jax  # pylint: disable=g-import-not-at-top
+  from terraformer.data import streaming  # pylint: disable=g-import-not-at-top
+  monkeypatch.setattr(jax, 'process_count', lambda: 2)
+  read = []
+  for process in (0, 1):
+    monkeypatch.setattr(jax, 'process_index', lambda p=process: p)
+    with tfds_mock.texts({'validation': [{'text': d} for d in docs]}):
+      batches = list(c4.c4_lm_stream(
+          split='validation', seq_len=32, batch_size=4, vocab_size=V,
+          papers_dir=papers_dir, repeat=False))
+    assert batches and all(isinstance(b, streaming.ProcessBatch)
+                           and b[0].shape == (2, 32) for b in batches)
+    read.append(list(np.concatenate([b[0][b[2] > 0] for b in batches])))
+  half = len(docs) // 2
+  for process, part in enumerate((docs[:half], docs[half:2 * half])):
+    assert read[process] == [t for d in vocab.encode_batch(part)
+                             for t in d + [vocab.eos_id]]

@@ -16,7 +16,13 @@ def texts(examples_by_split):
   def as_dataset(self, split, **kwargs):
     del kwargs
     keys = list(self.info.features.keys())
-    examples = examples_by_split[str(split)]
+    if hasattr(split, 'drop_remainder'):  # split_for_jax_process's part.
+      examples = examples_by_split[split.split]
+      assert split.drop_remainder
+      n = len(examples) // split.count
+      examples = examples[split.index * n:(split.index + 1) * n]
+    else:
+      examples = examples_by_split[str(split)]
     signature = {k: tf.TensorSpec((), tf.string) for k in keys}
     return tf.data.Dataset.from_generator(
         lambda: ({k: ex.get(k, '') for k in keys} for ex in examples),
