@@ -379,6 +379,6 @@ def test_process_batches_are_fed_as_they_are_plain_ones_split(monkeypatch):
   rows = np.arange(8).reshape(4, 2)
   stream = training._this_process_rows(  # pylint: disable=protected-access
       lambda: iter([(rows,), streaming.ProcessBatch((rows,))]))
-  plain, local = list(stream)
+  plain, local = list(stream())
   np.testing.assert_array_equal(plain[0], rows[2:])  # Process 1's half.
   np.testing.assert_array_equal(local[0], rows)  # Already its rows.
