@@ -334,11 +334,13 @@ class ShardedTrainer:
   of each global batch (`process_rows`).
 
   With `skip_non_finite`, a step whose loss or gradient norm is not finite
-  leaves weights and slots unchanged (decided inside the jitted step).
+  leaves weights and slots unchanged (decided inside the jitted step). With
+  `abstract`, nothing is allocated (weights, slots and state are shapes
+  with shardings): for `compiled_step_memory` only.
   """
 
   def __init__(self, model, loss_layer, optimizer, lr_schedule, sample_batch,
-               mesh=None, seed=0, skip_non_finite=False):
+               mesh=None, seed=0, skip_non_finite=False, abstract=False):
     self.mesh = device_mesh() if mesh is None else mesh
     self._lr_schedule = lr_schedule
     self._optimizer = optimizer
@@ -355,14 +357,22 @@ class ShardedTrainer:
     self._w_shard = fsdp_shardings(weights, self.mesh)
     self._s_shard = fsdp_shardings(slots, self.mesh)
     self._state_shard = _replicated(state, self.mesh)
-    self.weights, self.state, self.slots = jax.jit(init, out_shardings=(
-        self._w_shard, self._state_shard, self._s_shard))(init_rng)
+    shardings = (self._w_shard, self._state_shard, self._s_shard)
+    if abstract:
+      self.weights, self.state, self.slots = jax.tree_util.tree_map(
+          lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
+          (weights, state, slots), shardings)
+    else:
+      self.weights, self.state, self.slots = jax.jit(
+          init, out_shardings=shardings)(init_rng)
     self._loss_weights = loss_layer.weights
     self._loss_state = loss_layer.state
     self._opt_params = optimizer.tree_init(())[1]
     self.step = 0
     self.last_stats = {}
     self._batch_shard = _batch_shardings(sample_batch, self.mesh)
+    self._sample_batch = [jax.ShapeDtypeStruct(np.shape(x), x.dtype)
+                          for x in sample_batch]
     replicated = NamedSharding(self.mesh, PartitionSpec())
     self._replicated = replicated
     self._step_fn = jax.jit(
@@ -390,6 +400,28 @@ class ShardedTrainer:
       new_slots = jax.tree_util.tree_map(keep, new_slots, slots)
       new_state = jax.tree_util.tree_map(keep, new_state, state)
     return new_weights, new_slots, new_state, loss, stats
+
+  def compiled_step_memory(self):
+    """XLA's memory analysis of the compiled training step, per device.
+
+    Returns a dict of bytes: `arguments` (weights, slots, state and batch
+    shards), `outputs`, `aliased` (outputs written over donated arguments),
+    `temporaries` (activations and other scratch), and `peak` = arguments +
+    outputs - aliased + temporaries.
+    """
+    batch = tuple(jax.ShapeDtypeStruct(np.shape(x), x.dtype, sharding=s)
+                  for x, s in zip(self._sample_batch, self._batch_shard))
+    opt_params = dict(self._opt_params, learning_rate=jnp.float32(0))
+    analysis = self._step_fn.lower(
+        self.weights, self.slots, self.state, batch, self.rng,
+        jnp.asarray(1), opt_params).compile().memory_analysis()
+    memory = {'arguments': analysis.argument_size_in_bytes,
+              'outputs': analysis.output_size_in_bytes,
+              'aliased': analysis.alias_size_in_bytes,
+              'temporaries': analysis.temp_size_in_bytes}
+    memory['peak'] = (memory['arguments'] + memory['outputs']
+                      - memory['aliased'] + memory['temporaries'])
+    return memory
 
   def global_batch(self, local_batch):
     """Global arrays from this process's rows of each batch array."""

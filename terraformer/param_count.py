@@ -140,3 +140,18 @@ def device_memory(n_devices, batch_size=1, length=512, slots_per_weight=2):
       shapes_out[0], n_devices, slots_per_weight,
       residual_stream_bytes(batch_size, length))
   return count, plan
+
+
+def compiled_step_memory(batch_size=1, length=512):
+  """XLA's per-device memory of the FSDP training step of the configured
+  model over all devices (`ShardedTrainer.compiled_step_memory`), compiled
+  from shapes only: nothing is allocated. Adam, a global batch of
+  `batch_size` x `length` tokens (inputs, targets, loss weights)."""
+  from trax import optimizers  # pylint: disable=g-import-not-at-top
+  model = training.model_from_config()(mode='train')
+  tokens = jax.ShapeDtypeStruct((batch_size, length), np.int32)
+  batch = (tokens, tokens, jax.ShapeDtypeStruct(tokens.shape, np.float32))
+  trainer = distributed.ShardedTrainer(
+      model, tl.WeightedCategoryCrossEntropy(), optimizers.Adam(),
+      lambda step: 0.0, batch, abstract=True)
+  return trainer.compiled_step_memory()

@@ -92,3 +92,28 @@ def test_devices_split_weights_slots_and_activations(tmp_path, capsys):
       plans[1]['activation_bytes_per_device']) > 0
   code, out, _ = _run(capsys, config, '--devices=4', '--device_memory_gb=1e-6')
   assert code == 0 and 'does NOT fit in 1e-06 GiB per device' in out
+
+
+@pytest.mark.slow
+def test_compiled_fsdp_step_memory_falls_with_devices(tmp_path):
+  """--compiled: XLA's analysis of the real FSDP step agrees with the
+  shape-only plan (its arguments hold the weight and slot shards) and falls
+  with the number of devices."""
+  exe = os.path.join(os.path.dirname(sys.executable), 'terraformer-info')
+  config = '--config_file=' + tiny_lm.write_config(tmp_path)
+  results = {}
+  for n in (1, 4):
+    done = subprocess.run(
+        [exe, config, f'--devices={n}', '--compiled', '--batch_size=8',
+         '--length=64', '--json'], env=dict(os.environ, PYTHONPATH=HERE),
+        capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    results[n] = json.loads(done.stdout)
+  for n, result in results.items():
+    plan, compiled = result['per_device'], result['compiled_per_device']
+    held = plan['weights_bytes_per_device'] + plan['slots_bytes_per_device']
+    batch = 3 * 8 * 64 * 4 // n  # Tokens, targets, weights: 4 bytes each.
+    assert held <= compiled['arguments'] <= held + batch + 4096, (n, result)
+  one, four = (results[n]['compiled_per_device'] for n in (1, 4))
+  assert four['arguments'] < one['arguments'] / 3
+  assert four['peak'] < one['peak']
