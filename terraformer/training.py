@@ -479,21 +479,21 @@ def train(output_dir,
 
   Returns:
     The `trax.supervised.training.Loop` after training (`.step`, `.history`,
-    `.model`).
+    `.model`); with 'fsdp' a `sharded_training.FsdpLoop` (`.step`,
+    `.history`, `.trainer`).
   """
   n_devices = jax.local_device_count()
   chief = not jax.process_index()  # Reads and writes output_dir.
   fsdp = _check_weight_sharding(weight_sharding, use_memory_efficient_trainer,
                                 callbacks, init_checkpoint)
-  if fsdp:
+  if fsdp or distributed.is_multiprocess():  # Same initial weights.
     random_seed = distributed.shared_seed(random_seed)
   if distributed.is_multiprocess():
-    if n_devices == 1 and not fsdp:  # Trax's Loop then jits, with no cross-device sum.
+    if n_devices == 1 and not fsdp:  # Loop then jits: no cross-device sum.
       raise errors.TerraformerError(
           'a multi-process job needs more than one device per process: '
           "Trax's Loop averages gradients across processes only through "
           'pmap, which it uses for 2 or more local devices')
-    random_seed = distributed.shared_seed(random_seed)
     train_stream = _this_process_rows(train_stream)
     eval_stream = _this_process_rows(eval_stream)
   # Build model and data first: a config error must not leave files behind.
