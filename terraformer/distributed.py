@@ -337,16 +337,26 @@ class ShardedTrainer:
   leaves weights and slots unchanged (decided inside the jitted step). With
   `abstract`, nothing is allocated (weights, slots and state are shapes
   with shardings): for `compiled_step_memory` only.
+
+  With `gather_weights`, every weight is gathered whole at the start of the
+  step (and of an evaluation); weights and slots stay split at rest and the
+  update. Without it XLA follows the weights' split along their feature axis
+  into tensor-parallel attention and loss, keeping the attention scores of
+  the whole batch on every device (README, "Sharded weights"); with it the
+  activations are split along the batch, at the cost of the whole weights on
+  each device during the step: for models whose weights fit on one device.
   """
 
   def __init__(self, model, loss_layer, optimizer, lr_schedule, sample_batch,
-               mesh=None, seed=0, skip_non_finite=False, abstract=False):
+               mesh=None, seed=0, skip_non_finite=False, abstract=False,
+               gather_weights=False):
     self.mesh = device_mesh() if mesh is None else mesh
     self._lr_schedule = lr_schedule
     self._optimizer = optimizer
     self._model = model
     self._model_with_loss = tl.Serial(model, loss_layer)
     self._skip_non_finite = skip_non_finite
+    self._gather_weights = gather_weights
     signature = shapes.signature(tuple(sample_batch))
     self.rng, init_rng = jax.random.split(jax.random.PRNGKey(seed))
 
@@ -386,6 +396,7 @@ class ShardedTrainer:
 
   def _train_step(self, weights, slots, state, batch, rng, step, opt_params):
     def loss_fn(w):
+      w = self._gathered_in_step(w)
       loss, new_state = self._model_with_loss.pure_fn(
           batch, (w, self._loss_weights), (state, self._loss_state), rng)
       return loss, new_state[0]
@@ -422,6 +433,12 @@ class ShardedTrainer:
     memory['peak'] = (memory['arguments'] + memory['outputs']
                       - memory['aliased'] + memory['temporaries'])
     return memory
+
+  def _gathered_in_step(self, weights):
+    if not self._gather_weights:
+      return weights
+    return jax.lax.with_sharding_constraint(
+        weights, _replicated(weights, self.mesh))
 
   def global_batch(self, local_batch):
     """Global arrays from this process's rows of each batch array."""
@@ -478,6 +495,7 @@ class ShardedTrainer:
       metric_weights, metric_state = branch.weights, branch.state
 
       def evaluate(weights, state, batch, rng):
+        weights = self._gathered_in_step(weights)
         values, _ = metrics.pure_fn(batch, (weights, metric_weights),
                                     (state, metric_state), rng)
         return tuple(values) if len(metric_layers) > 1 else (values,)

@@ -146,12 +146,17 @@ def compiled_step_memory(batch_size=1, length=512):
   """XLA's per-device memory of the FSDP training step of the configured
   model over all devices (`ShardedTrainer.compiled_step_memory`), compiled
   from shapes only: nothing is allocated. Adam, a global batch of
-  `batch_size` x `length` tokens (inputs, targets, loss weights)."""
+  `batch_size` x `length` tokens (inputs, targets, loss weights), and
+  `terraformer.train.fsdp_gather_weights` as bound."""
   from trax import optimizers  # pylint: disable=g-import-not-at-top
+  try:
+    gather = gin.query_parameter('terraformer.train.fsdp_gather_weights')
+  except ValueError:
+    gather = False
   model = training.model_from_config()(mode='train')
   tokens = jax.ShapeDtypeStruct((batch_size, length), np.int32)
   batch = (tokens, tokens, jax.ShapeDtypeStruct(tokens.shape, np.float32))
   trainer = distributed.ShardedTrainer(
       model, tl.WeightedCategoryCrossEntropy(), optimizers.Adam(),
-      lambda step: 0.0, batch, abstract=True)
+      lambda step: 0.0, batch, abstract=True, gather_weights=gather)
   return trainer.compiled_step_memory()

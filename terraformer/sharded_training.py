@@ -250,7 +250,7 @@ class FsdpLoop:
 def train_fsdp(output_dir, train_model, eval_model, train_batch,
                train_batches, eval_set, steps, optimizer, lr_schedule,
                random_seed, keep_checkpoints, skip_non_finite,
-               write_model_pkl, eval_at, checkpoint_at,
+               write_model_pkl, gather_weights, eval_at, checkpoint_at,
                permanent_checkpoint_at, metric_layers, metric_names,
                progress, say):
   """Trains to `steps` with FSDP (module docstring); `terraformer.train`'s
@@ -262,7 +262,7 @@ def train_fsdp(output_dir, train_model, eval_model, train_batch,
     trainer = distributed.ShardedTrainer(
         train_model, tl.WeightedCategoryCrossEntropy(), optimizer,
         lr_schedule, train_batch, seed=random_seed,
-        skip_non_finite=skip_non_finite)
+        skip_non_finite=skip_non_finite, gather_weights=gather_weights)
     trainer.set_eval_model(eval_model)
     n_in = train_model.n_in
     loop = FsdpLoop(trainer, output_dir, store, train_batches, eval_set,

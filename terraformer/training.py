@@ -437,7 +437,8 @@ def train(output_dir,
           keep_checkpoints=2,
           skip_non_finite=False,
           weight_sharding='replicated',
-          write_model_pkl=True):
+          write_model_pkl=True,
+          fsdp_gather_weights=False):
   """Trains `model` to `steps` total steps, resuming from `output_dir`.
 
   Args:
@@ -476,6 +477,10 @@ def train(output_dir,
     write_model_pkl: 'fsdp' only: also write `model.pkl.gz` (the weights
       gathered on process 0) at every checkpoint; False for weights larger
       than a host's memory (the sharded `checkpoints/` are always written).
+    fsdp_gather_weights: 'fsdp' only: gather every weight whole at the start
+      of each step so that the activations split along the batch
+      (`ShardedTrainer(gather_weights=True)`); for weights that fit on one
+      device (the 800M configs, not 17B).
 
   Returns:
     The `trax.supervised.training.Loop` after training (`.step`, `.history`,
@@ -512,7 +517,8 @@ def train(output_dir,
     return sharded_training.train_fsdp(
         output_dir, train_model, eval_model, train_batch, train_batches,
         eval_set, steps, optimizer(), lr_schedule_fn(), random_seed,
-        keep_checkpoints, skip_non_finite, write_model_pkl, eval_at,
+        keep_checkpoints, skip_non_finite, write_model_pkl,
+        fsdp_gather_weights, eval_at,
         _every(checkpoint_every, steps),
         _every(permanent_checkpoint_every, None), _eval_metric_layers(),
         list(EVAL_METRICS), progress, say)

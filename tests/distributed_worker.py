@@ -32,6 +32,8 @@ def main():
   parser.add_argument('--timeout_s', type=int, default=120)
   parser.add_argument('--die_after_step', type=int, default=0,
                       help='exit abruptly (os._exit) after this step')
+  parser.add_argument('--gather_weights', action='store_true',
+                      help='ShardedTrainer(gather_weights=True)')
   parser.add_argument('--out', required=True)
   args = parser.parse_args()
 
@@ -63,7 +65,8 @@ def main():
   first = [x[rows] for x in next(batches(global_batch, length, vocab))]
   trainer = distributed.ShardedTrainer(
       model, tl.WeightedCategoryCrossEntropy(), optimizers.Adam(),
-      lambda step: 1e-3, first, mesh=distributed.device_mesh(devices), seed=0)
+      lambda step: 1e-3, first, mesh=distributed.device_mesh(devices), seed=0,
+      gather_weights=args.gather_weights)
   losses = []
   for step in range(1, args.steps + 1):
     try:

@@ -71,6 +71,10 @@ def test_sharded_over_8_devices_equals_one_device(tmp_path):
   np.testing.assert_allclose(sharded['losses'], single['losses'], atol=1e-5)
   assert _max_weight_difference(sharded, single) < 1e-5
   assert sharded['losses'][-1] != sharded['losses'][0]  # It trained.
+  gathered = _run(tmp_path / 'g.npz', 8, '--gather_weights')
+  assert gathered['shard_fraction'] == pytest.approx(1 / 8)  # Split at rest.
+  np.testing.assert_allclose(gathered['losses'], single['losses'], atol=1e-5)
+  assert _max_weight_difference(gathered, single) < 1e-5
 
 
 @pytest.mark.slow
@@ -365,7 +369,8 @@ def test_train_cli_fsdp_over_2_processes_equals_trax_loop_and_resumes(
         f'{ppl_loop}')
   assert len(w_fsdp) == len(w_loop) and difference < 1e-5
   assert ppl_fsdp == pytest.approx(ppl_loop, abs=2e-4)
-  code, out, err = _finish_text(_fsdp_run(loop_dir, 8, 2))
+  code, out, err = _finish_text(_fsdp_run(
+      loop_dir, 8, 2, '--config=terraformer.train.fsdp_gather_weights=True'))
   assert code == 0, err[-3000:]
   assert 'Resuming from checkpoint at step 6' in out
 
