@@ -302,13 +302,6 @@ def _batch_shardings(batch, mesh):
   return tuple(NamedSharding(mesh, PartitionSpec(MESH_AXIS)) for _ in batch)
 
 
-def _global_array(value, sharding):
-  """A global array from a value every process holds in full."""
-  value = np.asarray(value)
-  return jax.make_array_from_callback(value.shape, sharding,
-                                      lambda index: value[index])
-
-
 def process_rows(global_batch_size, process_index=None, process_count=None):
   """The slice of a global batch's rows this process feeds (and reads)."""
   index = jax.process_index() if process_index is None else process_index
@@ -329,7 +322,9 @@ class ShardedTrainer:
   does for one device); only where arrays live differs. Weights are
   initialized as Trax's `Loop` does for the same seed (the second half of
   `PRNGKey(seed)` split in two), but by one jitted call whose outputs are
-  already sharded: no host and no device ever holds a whole model. Every
+  already sharded: initialization never puts a whole model on a host or a
+  device. Evaluations run `eval_model` (default: `model`) with the training
+  weights and state, as Loop's `run_evals`. Every
   process builds the same trainer and calls `train_step` with its own rows
   of each global batch (`process_rows`).
 
@@ -349,11 +344,11 @@ class ShardedTrainer:
 
   def __init__(self, model, loss_layer, optimizer, lr_schedule, sample_batch,
                mesh=None, seed=0, skip_non_finite=False, abstract=False,
-               gather_weights=False):
+               gather_weights=False, eval_model=None):
     self.mesh = device_mesh() if mesh is None else mesh
     self._lr_schedule = lr_schedule
     self._optimizer = optimizer
-    self._model = model
+    self._eval_model = model if eval_model is None else eval_model
     self._model_with_loss = tl.Serial(model, loss_layer)
     self._skip_non_finite = skip_non_finite
     self._gather_weights = gather_weights
@@ -485,13 +480,11 @@ class ShardedTrainer:
 
   def evaluate(self, local_batch, metric_layers):
     """Each of `metric_layers` on the global batch (this process's rows),
-    with the current weights and state, in the eval mode of `eval_model`
-    given to `set_eval_model` (default: the training model)."""
+    by the eval model with the current weights and state."""
     key = tuple(id(m) for m in metric_layers)
     if key not in self._eval_fns:
-      model = getattr(self, '_eval_model', self._model)
       branch = tl.Branch(*metric_layers)
-      metrics = tl.Serial(model, branch)
+      metrics = tl.Serial(self._eval_model, branch)
       metric_weights, metric_state = branch.weights, branch.state
 
       def evaluate(weights, state, batch, rng):
@@ -505,12 +498,6 @@ class ShardedTrainer:
     rng = self.new_rng()
     return self._collective(lambda: [float(v) for v in self._eval_fns[key](
         self.weights, self.state, self.global_batch(local_batch), rng)])
-
-  def set_eval_model(self, eval_model):
-    """Evaluates with `eval_model` (Trax's eval mode: no dropout; the same
-    weights and state as the training model, as Loop's `run_evals`)."""
-    self._eval_model = eval_model
-    self._eval_fns = {}
 
   def gathered_weights(self):
     """The full weights as numpy arrays (on every process)."""

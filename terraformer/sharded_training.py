@@ -29,6 +29,7 @@ Trax's steps, in the same files and names:
   `skip_non_finite` (decided inside the jitted step).
 """
 import os
+import shutil
 import time
 
 import gin
@@ -262,8 +263,8 @@ def train_fsdp(output_dir, train_model, eval_model, train_batch,
     trainer = distributed.ShardedTrainer(
         train_model, tl.WeightedCategoryCrossEntropy(), optimizer,
         lr_schedule, train_batch, seed=random_seed,
-        skip_non_finite=skip_non_finite, gather_weights=gather_weights)
-    trainer.set_eval_model(eval_model)
+        skip_non_finite=skip_non_finite, gather_weights=gather_weights,
+        eval_model=eval_model)
     n_in = train_model.n_in
     loop = FsdpLoop(trainer, output_dir, store, train_batches, eval_set,
                     metric_layers, metric_names,
@@ -273,7 +274,6 @@ def train_fsdp(output_dir, train_model, eval_model, train_batch,
     loop.restore()
   except BaseException:
     if fresh and os.path.isdir(output_dir):  # Nothing of value written yet.
-      import shutil  # pylint: disable=g-import-not-at-top
       shutil.rmtree(output_dir)
     raise
   for _ in range(loop.batches_consumed):  # Where the checkpoint's data was.
