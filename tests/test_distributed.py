@@ -428,3 +428,57 @@ def test_process_batches_are_fed_as_they_are_plain_ones_split(monkeypatch):
   plain, local = list(stream())
   np.testing.assert_array_equal(plain[0], rows[2:])  # Process 1's half.
   np.testing.assert_array_equal(local[0], rows)  # Already its rows.
+
+
+_FAKE_CHILD = '''
+import os, sys
+from terraformer import supervisor
+supervisor.report('process', 1, 2)
+supervisor.report('step', 7)
+print('a line of Python on stderr', file=sys.stderr, flush=True)
+if sys.argv[1] == 'coordinator_died':
+  sys.stderr.write(
+      'W1125 10:08:53.750780   20441 preemption_sync_manager.cc:147] Failed '
+      'to retrieve preemption notice from coordination service\\n'
+      ':UNKNOWN:Error received from peer  {grpc_status:14}\\n'
+      'E1125 09:58:34.091075   15260 coordination_service_agent.cc:289] '
+      'Polled an error from coordination service\\n'
+      'F1125 09:58:34.091159   15260 client.h:80] Terminating process because '
+      'the JAX distributed service detected fatal errors. absl::Status: '
+      'UNAVAILABLE: Failed to send RPC to coordination service. Either the '
+      'leader task was preempted/died\\n*** Check failure stack trace: ***\\n'
+      '    @     0x7fba8f040634  absl::LogMessage::SendToLog()\\n')
+  sys.stderr.flush()
+  os.abort()
+print('W1125 10:00:00.000000 1 x.cc:1] a native warning', file=sys.stderr)
+sys.exit(int(sys.argv[1]))
+'''
+
+
+@pytest.mark.parametrize('case', ['coordinator_died', '0', '3'])
+def test_supervise_turns_a_peers_death_into_one_line(tmp_path, capfd, case):
+  """`supervisor.supervise` (multi-process terraformer-train): a child that
+  ends in JAX's fatal log of a dead coordinator gives one line and exit 2;
+  otherwise the child's stderr passes whole and its exit code is kept."""
+  from terraformer import supervisor  # pylint: disable=g-import-not-at-top
+  (tmp_path / 'fake_child.py').write_text(_FAKE_CHILD)
+  path = os.environ.get('PYTHONPATH', '')
+  os.environ['PYTHONPATH'] = os.pathsep.join(
+      [str(tmp_path), ROOT] + ([path] if path else []))
+  try:
+    code = supervisor.supervise('terraformer-train', 'fake_child',
+                                ['terraformer-train', case])
+  finally:
+    os.environ['PYTHONPATH'] = path
+  err = capfd.readouterr().err
+  lines = [l for l in err.splitlines() if l]
+  assert lines[0] == 'a line of Python on stderr'
+  if case == 'coordinator_died':
+    assert code == 2
+    assert lines[1:] == [
+        'terraformer-train: error: process 1 of 2: process 0 (the '
+        'coordinator) died after step 7; run the same command again on every '
+        'process: it resumes from the last checkpoint']
+  else:
+    assert code == int(case)
+    assert lines[1:] == ['W1125 10:00:00.000000 1 x.cc:1] a native warning']

@@ -81,9 +81,9 @@ CELLS = {
         'Terraformer.predict_mem_len = 48', 'Terraformer.predict_drop_len = 16',
         'seq2seq_stream.batch_size = 2'],
     'ood/copy_terraformer_sru.gin': _TERRAFORMER + [
-        'arithmetic_stream.train_max_digits = 4',
+        'arithmetic_stream.train_max_digits = 3',
         'arithmetic_stream.eval_min_digits = 6',
-        'arithmetic_stream.eval_max_digits = 8',
+        'arithmetic_stream.eval_max_digits = 7',
         'arithmetic_stream.batch_size = 2'],
 }
 
@@ -192,8 +192,8 @@ _DEVICES_SCRIPT = textwrap.dedent("""
     import test_resume_sweep as t
     t.use_compilation_cache({cache!r})
     out = pathlib.Path(sys.argv[1])
-    for name, extra in [('fsdp', ["terraformer.train.weight_sharding = 'fsdp'"]),
-                        ('replicated', [])]:
+    fsdp = ["terraformer.train.weight_sharding = 'fsdp'"]
+    for name, extra in [('fsdp', fsdp), ('replicated', [])]:
       resumed, _ = t.resume_equals_straight(
           t.SPARSE, t.SPARSE_4 + extra, out / name)
       print('CELL', name, jax.local_device_count(), type(resumed).__name__,
