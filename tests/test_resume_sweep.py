@@ -174,6 +174,7 @@ def resume_equals_straight(config, bindings, tmp_path):
   return resumed, straight
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('config', sorted(CELLS))
 def test_resume_equals_straight(config, tmp_path):
   resume_equals_straight(config, CELLS[config], tmp_path)
