@@ -4,7 +4,9 @@
 #   1. pretrain a tiny Terraformer with single-word masking (T5 sentinels) on
 #      the paper bodies of the train split          -> $OUTPUT_DIR/pretrain
 #   2. fine-tune it body -> abstract from that checkpoint -> $OUTPUT_DIR/finetune
-#   3. summarize held-out test papers, print ROUGE and one summary
+#   3. summarize held-out test papers, print ROUGE beside the extractive
+#      baselines on the same papers (lead-3, lead-k matched to the abstract's
+#      length, 3 random sentences) and one summary
 #   4. time dense vs sparse decoding (batch 1)      -> $OUTPUT_DIR/bench.txt
 # Rerunning resumes: training continues from the last checkpoint in its
 # directory (or says it is done), evaluation is skipped while its output is
@@ -49,7 +51,7 @@ if wants finetune; then
 fi
 
 if wants eval; then
-  banner 3/4 "summarize held-out test papers, ROUGE"
+  banner 3/4 "summarize held-out test papers, ROUGE beside lead-3, lead-k matched, random sentences"
   log="$out/finetune/eval_test.txt"
   if [[ -f "$log" && "$log" -nt "$out/finetune/model.pkl.gz" ]]; then
     echo "(up to date: $log)"

@@ -10,7 +10,12 @@ temperature 0.5, see `terraformer.decoding`), and reports
     whole text as one sequence) F1, by the `rouge-score` package (the paper's
     footnotes 4, 5), averaged over examples; the paper reports only F1;
   * the log-perplexity (nats per token) of the reference abstracts under the
-    eval-mode model, teacher-forced, over all target tokens.
+    eval-mode model, teacher-forced, over all target tokens;
+  * beside the model, the extractive yardsticks of summarization papers,
+    scored on the same examples by the same scorer (`extractive_baselines`):
+    lead-3 (the first 3 sentences of the article), lead-k matched (the first
+    k sentences, k per example so that their word count is closest to the
+    reference's) and 3 random sentences of the article (fixed seed).
 
 It writes one JSON line per example and a summary JSON into the checkpoint
 directory. Also here: `text_vocab` (gin: `terraformer.text_vocab`, bound to
@@ -240,6 +245,84 @@ def rouge_scores(prediction, reference, use_stemmer=True):
   return {name: scores[name].fmeasure for name in ROUGE_TYPES}
 
 
+# --- Extractive baselines ----------------------------------------------------
+
+def word_count(text):
+  """Words of `text` (whitespace-separated), the length lead-k matches."""
+  return len(text.split())
+
+
+def lead_sentences(article, k):
+  """The first `k` sentences of `article` (`split_sentences`), one per line."""
+  return '\n'.join(split_sentences(article)[:k])
+
+
+def lead_matched(article, reference):
+  """The first k sentences of `article`, k >= 1 chosen so that their word
+  count is closest to the reference's (the smaller k on a tie).
+
+  Returns (text, k).
+  """
+  target = word_count(reference)
+  sentences = split_sentences(article)
+  best_k, best_gap, words = 1, None, 0
+  for k, sentence in enumerate(sentences, 1):
+    words += word_count(sentence)
+    gap = abs(words - target)
+    if best_gap is None or gap < best_gap:
+      best_k, best_gap = k, gap
+    if words >= target:  # Longer prefixes only move further away.
+      break
+  return '\n'.join(sentences[:best_k]), best_k
+
+
+def random_sentences(article, k, seed, index):
+  """`k` sentences of `article` drawn without replacement, in article order.
+
+  The draw of example `index` depends only on (seed, index), so a different
+  `max_examples` keeps each example's sentences.
+  """
+  sentences = split_sentences(article)
+  rng = np.random.default_rng([seed, index])
+  picked = sorted(rng.choice(len(sentences), min(k, len(sentences)),
+                             replace=False)) if sentences else []
+  return '\n'.join(sentences[i] for i in picked)
+
+
+def extractive_baselines(pairs, k=3, seed=0, use_stemmer=True):
+  """Lead-k, lead-k matched and k random sentences of each article, scored
+  against its reference like the model's summaries (`rouge_scores`).
+
+  Args:
+    pairs: (article, reference) texts.
+    k: sentences of lead-k and of the random baseline.
+    seed: seed of the random baseline.
+    use_stemmer: as `rouge_scores`.
+
+  Returns:
+    (summary, rows): summary maps each baseline name ('lead_3',
+    'lead_matched', 'random_3' for k=3) to its mean ROUGE F1s, mean words
+    and mean sentences; rows holds per example {name: {ROUGE F1s, 'words',
+    'sentences'}}.
+  """
+  rows = []
+  for i, (article, reference) in enumerate(pairs):
+    matched, matched_k = lead_matched(article, reference)
+    texts = {f'lead_{k}': lead_sentences(article, k),
+             'lead_matched': matched,
+             f'random_{k}': random_sentences(article, k, seed, i)}
+    rows.append({
+        name: {**rouge_scores(text, reference, use_stemmer),
+               'words': word_count(text),
+               'sentences': (matched_k if name == 'lead_matched'
+                             else len(text.splitlines()))}
+        for name, text in texts.items()})
+  summary = {name: {key: float(np.mean([r[name][key] for r in rows]))
+                    for key in rows[0][name]}
+             for name in rows[0]} if rows else {}
+  return summary, rows
+
+
 # --- Perplexity ---------------------------------------------------------------
 
 def reference_log_probs(eval_model, inputs, targets, weights, batch_size):
@@ -283,7 +366,8 @@ def evaluate(output_dir, model=None, examples_fn=paper_pairs, split='test',
              max_examples=None, input_len=None, max_length=None,
              method='sample', temperature=0.5, top_k=0, top_p=1.0,
              beam_size=4, length_penalty=0.0, seed=0, batch_size=8,
-             use_stemmer=True, progress=True):
+             use_stemmer=True, baselines=True, baseline_k=3,
+             baseline_seed=0, progress=True):
   """Decodes a summarization split and scores it; writes JSONL + JSON.
 
   Args:
@@ -310,6 +394,11 @@ def evaluate(output_dir, model=None, examples_fn=paper_pairs, split='test',
     batch_size: examples decoded (and scored) together.
     use_stemmer: ROUGE with Porter stemming (as the rouge-score scripts and
       the usual arXiv setups).
+    baselines: also score the extractive baselines (`extractive_baselines`:
+      lead-`baseline_k`, lead-k matched, `baseline_k` random sentences with
+      `baseline_seed`) on the same examples: summary['baselines'] and each
+      JSONL row's 'baselines'.
+    baseline_k, baseline_seed: see `baselines`.
     progress: tqdm progress bars.
 
   Returns:
@@ -379,16 +468,23 @@ def evaluate(output_dir, model=None, examples_fn=paper_pairs, split='test',
       zip(predictions, references), total=len(pairs), desc='ROUGE',
       unit='ex', disable=not progress, leave=False)]
 
+  baseline_summary, baseline_rows = (
+      extractive_baselines(pairs, baseline_k, baseline_seed, use_stemmer)
+      if baselines else ({}, [{}] * len(pairs)))
+
   base = os.path.join(output_dir, f'eval_{split}_step{step}')
   with open(base + '.jsonl', 'w', encoding='utf-8') as f:
-    for i, ((article, reference), prediction, score) in enumerate(
-        zip(pairs, predictions, scores)):
+    for i, ((article, reference), prediction, score, baseline) in enumerate(
+        zip(pairs, predictions, scores, baseline_rows)):
       f.write(json.dumps({
           'index': i, 'article_start': article[:200], 'reference': reference,
           'prediction': prediction, 'n_input_tokens': len(inputs[i]),
           'n_output_tokens': len(outputs[i]),
           'log_perplexity': nll[i] / max(counts[i], 1),
-          'n_reference_tokens': int(counts[i]), **score}) + '\n')
+          'n_reference_tokens': int(counts[i]), **score,
+          'prediction_words': word_count(prediction),
+          'reference_words': word_count(reference),
+          **({'baselines': baseline} if baselines else {})}) + '\n')
   log_ppl = float(nll.sum() / counts.sum())
   n_tokens = int(sum(len(o) for o in outputs))
   summary = {
@@ -409,6 +505,11 @@ def evaluate(output_dir, model=None, examples_fn=paper_pairs, split='test',
       'length_penalty': length_penalty if method == 'beam' else None,
       'seed': seed, 'batch_size': batch_size, 'use_stemmer': use_stemmer,
       'sentence_splitter': sentence_splitter_name(),
+      'prediction_words': float(np.mean([word_count(p) for p in predictions])),
+      'reference_words': float(np.mean([word_count(r) for r in references])),
+      'baselines': baseline_summary,
+      'baseline_k': baseline_k if baselines else None,
+      'baseline_seed': baseline_seed if baselines else None,
       'examples_jsonl': base + '.jsonl', 'summary_json': base + '.json',
   }
   with open(base + '.json', 'w', encoding='utf-8') as f:

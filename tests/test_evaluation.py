@@ -3,6 +3,9 @@
 The end-to-end `evaluate` runs on a trained checkpoint in
 tests/cli/test_cli_eval.py.
 """
+import os
+import re
+
 import jax
 import numpy as np
 import pytest
@@ -183,3 +186,91 @@ def test_training_lengths_resolve_macros():
     assert evaluation.training_lengths() == (512, 96)
   finally:
     gin.clear_config()
+
+
+# --- Extractive baselines -----------------------------------------------------
+
+ARTICLE = ('Sparse layers cut decoding time. They keep the perplexity of '
+           'dense models. We test them on long documents. The code is '
+           'public. Results follow in Section 4.')
+REFERENCE = ('Sparse layers keep the perplexity of dense models and cut '
+             'decoding time on long documents.')
+
+
+def test_lead_3_is_the_first_three_sentences_scored_by_rouge_score():
+  lead = evaluation.lead_sentences(ARTICLE, 3)
+  assert lead.splitlines() == [
+      'Sparse layers cut decoding time.',
+      'They keep the perplexity of dense models.',
+      'We test them on long documents.']
+  summary, rows = evaluation.extractive_baselines([(ARTICLE, REFERENCE)])
+  scorer = rouge_scorer.RougeScorer(list(evaluation.ROUGE_TYPES),
+                                    use_stemmer=True)
+  direct = scorer.score(
+      REFERENCE,  # One sentence.
+      'Sparse layers cut decoding time.\nThey keep the perplexity of dense '
+      'models.\nWe test them on long documents.')
+  for name in evaluation.ROUGE_TYPES:
+    assert rows[0]['lead_3'][name] == pytest.approx(direct[name].fmeasure,
+                                                    abs=1e-12)
+    assert summary['lead_3'][name] == rows[0]['lead_3'][name]
+  # By hand: 15 reference words, 18 in lead-3; shared unigrams (stemmed):
+  # sparse layers cut decoding time keep the perplexity of dense models on
+  # long documents = 14.
+  assert summary['lead_3']['rouge1'] == pytest.approx(2 * 14 / (15 + 18))
+  assert summary["lead_3"]["words"] == 18
+  assert summary['lead_3']['sentences'] == 3
+
+
+def test_lead_matched_picks_the_k_closest_in_words():
+  article = 'One two three four. Five six seven eight. Nine ten eleven twelve.'
+  assert evaluation.lead_matched(article, ' '.join(['w'] * 9)) == (
+      'One two three four.\nFive six seven eight.', 2)  # 8 words vs 12.
+  assert evaluation.lead_matched(article, ' '.join(['w'] * 10)) == (
+      'One two three four.\nFive six seven eight.', 2)  # A tie: smaller k.
+  assert evaluation.lead_matched(article, 'w')[1] == 1
+  assert evaluation.lead_matched(article, ' '.join(['w'] * 50))[1] == 3
+  summary, _ = evaluation.extractive_baselines(
+      [(article, ' '.join(['w'] * 9)), (article, 'w')])
+  assert summary['lead_matched']['sentences'] == 1.5
+  assert summary['lead_matched']['words'] == 6.0
+
+
+def _synthetic_test_papers(tmp_path):
+  import importlib.util  # pylint: disable=g-import-not-at-top
+  path = os.path.join(os.path.dirname(__file__), 'data',
+                      'synthetic_papers.py')
+  spec = importlib.util.spec_from_file_location('synthetic_papers', path)
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  module.make_corpus(str(tmp_path), {'train': 0, 'validation': 0, 'test': 4})
+  return evaluation.paper_pairs('test', papers_dir=str(tmp_path))
+
+
+def test_baselines_on_synthetic_papers(tmp_path):
+  pairs = _synthetic_test_papers(tmp_path)
+  assert len(pairs) == 4
+  summary, rows = evaluation.extractive_baselines(pairs, k=3, seed=0)
+  assert set(summary) == {'lead_3', 'lead_matched', 'random_3'}
+  scorer = rouge_scorer.RougeScorer(['rouge2'], use_stemmer=True)
+  for (body, abstract), row in zip(pairs, rows):
+    # The generator writes sentences 'Word word ... word.' joined by spaces
+    # or newlines.
+    sentences = re.split(r'(?<=\.)\s+', body.strip())
+    assert evaluation.lead_sentences(body, 3).splitlines() == sentences[:3]
+    assert row['lead_3']['rouge2'] == pytest.approx(
+        scorer.score(abstract, '\n'.join(sentences[:3]))['rouge2'].fmeasure)
+    picked = evaluation.random_sentences(body, 3, seed=0, index=0)
+    indices = [sentences.index(s) for s in picked.splitlines()]
+    assert len(indices) == 3 and indices == sorted(set(indices))
+  assert summary['random_3']['rouge2'] == pytest.approx(
+      np.mean([r['random_3']['rouge2'] for r in rows]))
+  # The random draw is fixed by (seed, index), and the seed matters.
+  body = pairs[0][0]
+  draws = {evaluation.random_sentences(body, 3, seed, 0) for seed in range(5)}
+  assert evaluation.random_sentences(body, 3, 0, 0) == (
+      evaluation.random_sentences(body, 3, 0, 0))
+  assert len(draws) > 1
+  again, _ = evaluation.extractive_baselines(pairs[1:], k=3, seed=0)
+  assert again['random_3'] != summary['random_3'] or len(pairs) == 1
+  assert evaluation.random_sentences('Only one.', 3, 0, 0) == 'Only one.'

@@ -1,6 +1,7 @@
 """scripts/main.sh end to end with a few steps per stage: pretrain, fine-tune
 from the pretraining checkpoint, ROUGE on test papers, decode speed; then a
 rerun that resumes/skips every stage."""
+import json
 import os
 import re
 import subprocess
@@ -20,6 +21,19 @@ TINY = ['--config=terraformer.train.steps = 3',
         '--config=INPUT_LEN = 128', '--config=TARGET_LEN = 64',
         '--config=terraformer.evaluate.max_examples = 2',
         '--config=terraformer.evaluate.batch_size = 2']
+
+
+ROUGE = ('rouge1', 'rouge2', 'rougeLsum', 'rougeL')
+
+
+def _table_rows(out):
+  """{row label: its 4 ROUGE F1s} of terraformer-eval's table."""
+  rows = {}
+  for label, numbers in re.findall(
+      r'^(model|lead-3|lead-k matched|random 3)\b.*?((?: +\d+\.\d\d){4})',
+      out, re.M):
+    rows[label] = [float(x) for x in numbers.split()]
+  return rows
 
 
 def _main_sh(output_dir, *args):
@@ -46,12 +60,18 @@ def test_main_job_end_to_end(tmp_path):
   assert 'MODEL_VOCAB_SIZE = 2148' in config
   assert 'Terraformer.input_vocab_size = %MODEL_VOCAB_SIZE' in config
   assert f'Fine-tuning from {pre}' in out
-  # ROUGE on 2 test papers and one generated summary.
+  # ROUGE on 2 test papers beside the extractive baselines on the same
+  # papers, and one generated summary.
   assert '2 examples of split \'test\', checkpoint step 3' in out
-  assert re.search(r'ROUGE-1 +F1 +\d+\.\d\d', out)
-  assert re.search(r'ROUGE-LSum +F1 +\d+\.\d\d', out)
+  assert re.search(r'F1 \(%\) +ROUGE-1 +ROUGE-2 +ROUGE-LSum +ROUGE-L', out)
+  rows = _table_rows(out)
+  assert list(rows) == ['model', 'lead-3', 'lead-k matched', 'random 3']
+  summary = json.loads((fine / 'eval_test_step3.json').read_text())
+  assert set(summary['baselines']) == {'lead_3', 'lead_matched', 'random_3'}
+  assert rows['model'] == [round(100 * summary[k], 2) for k in ROUGE]
+  assert rows['lead-3'] == [round(100 * summary['baselines']['lead_3'][k], 2)
+                            for k in ROUGE]
   assert 'generated: ' in out and 'reference: ' in out
-  assert (fine / 'eval_test_step3.json').is_file()
   # Dense vs sparse decode speed.
   assert re.search(r'bench_dense +\d+\.\d', out)
   assert re.search(r'bench_sparse +\d+\.\d.* \d+\.\d\dx', out)
@@ -61,4 +81,4 @@ def test_main_job_end_to_end(tmp_path):
   again = _main_sh(tmp_path, *TINY)
   assert again.count('Already trained for 3 >= 3 steps.') == 2
   assert '(up to date:' in again and '(done before:' in again
-  assert re.search(r'ROUGE-1 +F1 +\d+\.\d\d', again)
+  assert list(_table_rows(again)) == list(rows)

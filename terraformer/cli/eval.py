@@ -4,11 +4,14 @@
       [--max_examples=N] [--method=sample|greedy|beam] [--temperature=0.5]
       [--top_k=K] [--top_p=P] [--beam_size=B] [--length_penalty=A]
       [--max_length=N] [--input_len=N] [--batch_size=N] [--seed=S]
-      [--print_examples=N]
+      [--[no]baselines] [--print_examples=N]
 
 Decodes the articles of a split with the checkpoint in CKPT_DIR and reports
 ROUGE-1, ROUGE-2, ROUGE-LSum and ROUGE-L F1 (rouge-score) and the reference
-log-perplexity; see `terraformer.evaluation.evaluate`, whose gin parameters
+log-perplexity in one table with the extractive baselines scored on the
+same examples (lead-3, lead-k matched to the reference's length, 3 random
+sentences; --nobaselines skips them); see
+`terraformer.evaluation.evaluate`, whose gin parameters
 (`terraformer.evaluate.*`) the flags override when given. By default the
 paper's decoding (temperature 0.5) on the offline aclsum papers; bind
 `terraformer.evaluate.examples_fn = @terraformer.data.summarization_pairs`
@@ -29,7 +32,7 @@ PROG = 'terraformer-eval'
 # Flags passed to `evaluate` when given (None: the gin binding or default).
 _EVALUATE_FLAGS = ('split', 'max_examples', 'method', 'temperature', 'top_k',
                    'top_p', 'beam_size', 'length_penalty', 'max_length',
-                   'input_len', 'batch_size', 'seed')
+                   'input_len', 'batch_size', 'seed', 'baselines')
 
 
 def _define_flags(flag_values):
@@ -58,6 +61,9 @@ def _define_flags(flag_values):
   define(flags.DEFINE_integer, 'batch_size', 'Examples decoded together.',
          lower_bound=1)
   define(flags.DEFINE_integer, 'seed', 'Sampling seed.')
+  define(flags.DEFINE_boolean, 'baselines',
+         'Also score lead-3, lead-k matched and random sentences (default '
+         'on; terraformer.evaluate.baselines).')
   flags.DEFINE_integer('print_examples', 0,
                        'Also print the first N generated summaries and their '
                        'references.', lower_bound=0, flag_values=flag_values)
@@ -67,17 +73,43 @@ def _precheck(flag_values):
   decode_cli.check_checkpoint(flag_values.output_dir)
 
 
+_ROUGE_COLUMNS = (('rouge1', 'ROUGE-1'), ('rouge2', 'ROUGE-2'),
+                  ('rougeLsum', 'ROUGE-LSum'), ('rougeL', 'ROUGE-L'))
+
+
+def _baseline_label(name, scores, summary):
+  if name == 'lead_matched':
+    return f'lead-k matched (k {scores["sentences"]:.1f})'
+  kind, k = name.rsplit('_', 1)
+  if kind == 'random':
+    return f'random {k} (seed {summary["baseline_seed"]})'
+  return f'{kind}-{k}'
+
+
 def format_summary(summary):
-  """Human-readable lines of an `evaluate` summary (ROUGE in percent)."""
-  names = {'rouge1': 'ROUGE-1', 'rouge2': 'ROUGE-2',
-           'rougeLsum': 'ROUGE-LSum', 'rougeL': 'ROUGE-L (sentence)'}
+  """Human-readable lines of an `evaluate` summary: one ROUGE F1 table (in
+  percent) with the model's row and the extractive baselines' rows."""
   lines = [f'{summary["n_examples"]} examples of split '
            f'{summary["split"]!r}, checkpoint step {summary["step"]}, '
            f'method {summary["method"]}'
            + (f' (temperature {summary["temperature"]})'
               if summary['method'] == 'sample' else '')]
-  lines += [f'{label:<20} F1 {100 * summary[key]:6.2f}'
-            for key, label in names.items()]
+  rows = [('model', summary, summary.get('prediction_words'))]
+  rows += [(_baseline_label(name, scores, summary), scores, scores['words'])
+           for name, scores in summary.get('baselines', {}).items()]
+  width = max(len(label) for label, _, _ in rows) + 2
+  lines.append(f'{"F1 (%)":<{width}}'
+               + ''.join(f'{title:>11}' for _, title in _ROUGE_COLUMNS)
+               + f'{"words":>8}')
+  for label, scores, words in rows:
+    lines.append(f'{label:<{width}}'
+                 + ''.join(f'{100 * scores[key]:11.2f}'
+                           for key, _ in _ROUGE_COLUMNS)
+                 + (f'{words:8.1f}' if words is not None else ''))
+  if 'reference_words' in summary:
+    lines.append(f'(references: {summary["reference_words"]:.1f} words; '
+                 'ROUGE-LSum per sentence, ROUGE-L over the whole text; '
+                 f'sentences by {summary["sentence_splitter"]})')
   lines.append(f'{"log-perplexity":<20} {summary["log_perplexity"]:.4f} '
                f'(perplexity {summary["perplexity"]:.2f})')
   lines.append(f'decoding: {summary["n_decoded_tokens"]} tokens in '

@@ -53,6 +53,20 @@ def test_rouge_matches_rouge_score_on_the_jsonl(encdec_checkpoint, capsys):
     assert summary[name] == pytest.approx(np.mean([r[name] for r in rows]))
   assert 'ROUGE-LSum' in out and 'log-perplexity' in out
   assert f'{100 * summary["rouge1"]:6.2f}' in out
+  # The extractive baselines, on the same papers, in the same table.
+  assert set(summary['baselines']) == {'lead_3', 'lead_matched', 'random_3'}
+  for row, (body, _) in zip(rows, papers):
+    lead = '\n'.join(evaluation.split_sentences(body)[:3])
+    assert row['baselines']['lead_3']['rouge2'] == pytest.approx(
+        scorer.score(split(row['reference']), lead)['rouge2'].fmeasure)
+  for name in ROUGE:
+    assert summary['baselines']['lead_3'][name] == pytest.approx(
+        np.mean([r['baselines']['lead_3'][name] for r in rows]))
+  table = [l for l in out.splitlines()
+           if l.startswith(('model ', 'lead-3 ', 'lead-k matched (k ',
+                            'random 3 (seed 0) '))]
+  assert len(table) == 4, out
+  assert f'{100 * summary["baselines"]["lead_3"]["rouge2"]:.2f}' in table[1]
 
 
 @pytest.mark.slow
@@ -80,15 +94,16 @@ def test_log_perplexity_matches_the_training_eval(encdec_checkpoint, capsys):
 @pytest.mark.slow
 def test_examples_fn_binding(encdec_checkpoint, capsys):
   run, ckpt, _ = encdec_checkpoint
-  code, _, err = _run(
+  code, out, err = _run(
       capsys, run, f'--output_dir={ckpt}', '--max_examples=2',
       '--config=terraformer.evaluate.examples_fn = '
       '@terraformer.data.summarization_pairs',
       "--config=summarization_pairs.source = 'aclsum'",
-      '--method=beam', '--beam_size=2', '--max_length=6')
+      '--method=beam', '--beam_size=2', '--max_length=6', '--nobaselines')
   assert code == 0, err
   rows = _read_jsonl(os.path.join(ckpt, 'eval_test_step2.jsonl'))
   assert len(rows) == 2
+  assert 'lead-3' not in out and all('baselines' not in r for r in rows)
   assert [r['reference'] for r in rows] == [
       a for _, a in evaluation.paper_pairs('test')[:2]]
 
