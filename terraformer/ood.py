@@ -349,7 +349,7 @@ def seed_bindings(seed):
 
 
 def run_table(output_dir, cells=DEFAULT_CELLS, config_files=(), bindings=(),
-              configure=None, gin_dir=None, seeds=None):
+              configure=None, gin_dir=None, seeds=None, table_only=False):
   """Trains and evaluates each cell; writes and returns the table.
 
   Args:
@@ -366,6 +366,8 @@ def run_table(output_dir, cells=DEFAULT_CELLS, config_files=(), bindings=(),
     seeds: None (one run per cell, the gin seed), or integer seeds: each
       cell runs once per seed (`seed_bindings`, before `bindings`) and the
       table pools the seeds.
+    table_only: train nothing: the table of the runs that have a
+      RESULT_FILE (whatever config wrote it), the others named as missing.
 
   Returns:
     (list of per-run result dicts, markdown table).
@@ -390,6 +392,18 @@ def run_table(output_dir, cells=DEFAULT_CELLS, config_files=(), bindings=(),
       extra = [] if seed is None else seed_bindings(seed)
       runs.append((name, name if seed is None else f'{name}_seed{seed}',
                    files, extra + list(bindings or [])))
+  if table_only:
+    results = []
+    for _, run_dir, _, _ in runs:
+      path = os.path.join(output_dir, run_dir, RESULT_FILE)
+      if os.path.isfile(path):
+        with open(path) as f:
+          results.append(json.load(f))
+      else:
+        print(f'[{run_dir}] no result yet', flush=True)
+    if not results:
+      raise errors.TerraformerError(f'no results in {output_dir}')
+    return _write_table(output_dir, results)
   try:
     for name, _, files, run_bindings in runs:  # Fail fast, before training.
       configure(files, run_bindings)
@@ -401,6 +415,10 @@ def run_table(output_dir, cells=DEFAULT_CELLS, config_files=(), bindings=(),
       results.append(run_cell(name, os.path.join(output_dir, run_dir)))
   finally:
     gin.clear_config()
+  return _write_table(output_dir, results)
+
+
+def _write_table(output_dir, results):
   table = format_table(results)
   _write_json(os.path.join(output_dir, TABLE_JSON), results)
   with open(os.path.join(output_dir, TABLE_MD), 'w') as f:

@@ -2,14 +2,15 @@
 
   terraformer-ood --output_dir=DIR [--cells=copy_transformer,add_transformer]
       [--config_file=gin/ood/paper_scale.gin] [--config='BINDING']
-      [--seeds=0,1]
+      [--seeds=0,1] [--table_only]
 
 Trains each cell (`gin/ood/<cell>.gin`: a task and a model) into
 `DIR/<cell>` with `terraformer.train` (TensorBoard events there), decodes
 numbers over twice as long as the training ones greedily, prints the table in
 markdown and writes it to `DIR/ood_table.{json,md}`. With --seeds each cell
 runs once per seed (in `DIR/<cell>_seed<k>`) and the table gives the mean
-and the per-seed values. --config_file and
+and the per-seed values. --table_only trains nothing and tabulates the
+finished runs. --config_file and
 --config apply to every cell, after its own file. Rerunning resumes
 unfinished cells and skips finished ones (same gin config).
 """
@@ -34,6 +35,10 @@ def _define_flags(flag_values):
                     'Seeds, e.g. 0,1: each cell runs once per seed in '
                     'DIR/<cell>_seed<k> (terraformer.train.random_seed and '
                     'the training numbers), and the table pools them.',
+                    flag_values=flag_values)
+  flags.DEFINE_bool('table_only', False,
+                    'Train nothing: print and write the table of the runs '
+                    'that have finished (the others are named as missing).',
                     flag_values=flag_values)
 
 
@@ -63,7 +68,8 @@ def _run(flag_values):
   output_dir = common.check_output_dir(flag_values.output_dir)
   _, table = ood.run_table(output_dir, flag_values.cells,
                            flag_values.config_file, flag_values.config,
-                           seeds=_seeds(flag_values))
+                           seeds=_seeds(flag_values),
+                           table_only=flag_values.table_only)
   print(table)
   print(f'Table written to {output_dir}/{ood.TABLE_JSON} and '
         f'{ood.TABLE_MD}')

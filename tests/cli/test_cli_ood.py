@@ -135,6 +135,19 @@ def test_tiny_table_end_to_end_then_skip(tmp_path, capsys):
              if line.startswith('| Transformer |'))
   pooled = [100 * r['scores']['ood']['token_accuracy'] for r in table3]
   assert f'({pooled[0]:.1f}, {pooled[1]:.1f})' in row
+  # --table_only: the finished runs' table, nothing trained, the missing run
+  # named.
+  code, out4, err = _run(capsys, args[0],
+                         '--cells=copy_transformer,add_terraformer_sru',
+                         '--seeds=3,4', '--table_only')
+  assert code == 0, err
+  assert '[add_terraformer_sru_seed4] no result yet' in out4
+  assert 'training in' not in out4 and 'done before' not in out4
+  assert [(r['cell'], r['settings']['seed']) for r in json.loads(
+      (out_dir / ood.TABLE_JSON).read_text())] == [
+          ('copy_transformer', 3), ('copy_transformer', 4),
+          ('add_terraformer_sru', 3)]
+  assert row in out4
 
 
 def test_bad_seeds(tmp_path, capsys):
