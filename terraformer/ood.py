@@ -207,6 +207,7 @@ def _settings():
       'eval_digits': [query('arithmetic_stream.eval_min_digits', 256),
                       query('arithmetic_stream.eval_max_digits', 300)],
       'steps': query('terraformer.train.steps', 1000),
+      'seed': query('terraformer.train.random_seed', 0),
       'n_examples': query('terraformer.evaluate_cell.n_examples', 256),
       'gin_config': gin.config_str(),
   }
@@ -271,28 +272,51 @@ def _pct(result, split, key):
   return '' if score is None else f'{100 * score[key]:.1f}%'
 
 
+def _pooled(results, split, key):
+  """Mean over seeds of one accuracy, and the per-seed values if several."""
+  values = [r['scores'][split][key] for r in results
+            if split in r['scores']]
+  if not values:
+    return ''
+  text = f'{100 * np.mean(values):.1f}%'
+  if len(values) > 1:
+    text += ' (' + ', '.join(f'{100 * v:.1f}' for v in values) + ')'
+  return text
+
+
 def format_table(results):
-  """Markdown: Table 4 (out of distribution), then per-cell details."""
+  """Markdown: Table 4 (out of distribution, the paper's four columns, then
+  the in-distribution token accuracy per task), then per-cell details.
+
+  Results of the same task and model (seeds) are pooled: the mean, and with
+  several seeds the per-seed values in parentheses.
+  """
   models = list(dict.fromkeys(r['model'] for r in results))
-  by_cell = {(r['task'], r['model']): r for r in results}
+  by_cell = collections.defaultdict(list)
+  for r in results:
+    by_cell[(r['task'], r['model'])].append(r)
   tasks = [t for t in TASKS if any(r['task'] == t for r in results)]
-  header = ['Model'] + [c for t in tasks for c in (t, f'{t} (seq)')]
+  header = (['Model'] + [c for t in tasks for c in (t, f'{t} (seq)')] +
+            [f'{t} in-dist.' for t in tasks])
   lines = ['| ' + ' | '.join(header) + ' |',
            '|' + '---|' * len(header)]
   for model in models:
     row = [MODEL_NAMES.get(model, model)]
     for task in tasks:
-      r = by_cell.get((task, model))
-      row += ([_pct(r, 'ood', 'token_accuracy'),
-               _pct(r, 'ood', 'sequence_accuracy')] if r else ['', ''])
+      rs = by_cell.get((task, model), [])
+      row += [_pooled(rs, 'ood', 'token_accuracy'),
+              _pooled(rs, 'ood', 'sequence_accuracy')]
+    row += [_pooled(by_cell.get((task, model), []), 'validation',
+                    'token_accuracy') for task in tasks]
     lines.append('| ' + ' | '.join(row) + ' |')
-  lines += ['', '| cell | parameters | steps | train digits | eval digits | '
-            'in-dist. token | in-dist. seq | OOD token | OOD seq | '
-            'train s | decode s |', '|' + '---|' * 11]
+  lines += ['', '| cell | seed | parameters | steps | train digits | '
+            'eval digits | in-dist. token | in-dist. seq | OOD token | '
+            'OOD seq | train s | decode s |', '|' + '---|' * 12]
   for r in results:
     s = r['settings']
     lines.append('| ' + ' | '.join([
-        r['cell'], f'{r["parameters"]:,}', str(r['steps']),
+        r['cell'], str(s.get('seed', '')), f'{r["parameters"]:,}',
+        str(r['steps']),
         '{}-{}'.format(*s['train_digits']), '{}-{}'.format(*s['eval_digits']),
         _pct(r, 'validation', 'token_accuracy'),
         _pct(r, 'validation', 'sequence_accuracy'),
@@ -317,13 +341,21 @@ def _check_cell(name):
       raise errors.TerraformerError(f'cell {name}: {e}') from None
 
 
+def seed_bindings(seed):
+  """Gin bindings of one seed: weight init and rngs, and the training
+  numbers (the in-distribution and OOD test numbers stay the same)."""
+  return [f'terraformer.train.random_seed = {seed}',
+          f'train/arithmetic_stream.seed = {seed}']
+
+
 def run_table(output_dir, cells=DEFAULT_CELLS, config_files=(), bindings=(),
-              configure=None, gin_dir=None):
+              configure=None, gin_dir=None, seeds=None, table_only=False):
   """Trains and evaluates each cell; writes and returns the table.
 
   Args:
     output_dir: each cell trains in `<output_dir>/<cell>` (checkpoints,
-      TensorBoard events, RESULT_FILE); the table goes to TABLE_JSON and
+      TensorBoard events, RESULT_FILE), or with `seeds` in
+      `<output_dir>/<cell>_seed<k>`; the table goes to TABLE_JSON and
       TABLE_MD there. Rerunning resumes unfinished cells, skips finished ones.
     cells: cell names (`gin/ood/<name>.gin`) or paths of gin files.
     config_files: gin files parsed after each cell's (e.g. paper_scale.gin).
@@ -331,9 +363,14 @@ def run_table(output_dir, cells=DEFAULT_CELLS, config_files=(), bindings=(),
     configure: function(files, bindings) parsing gin; default
       `terraformer.cli.common.parse_gin` (gin/ on the search path).
     gin_dir: folder holding `ood/`; default the repository's gin/.
+    seeds: None (one run per cell, the gin seed), or integer seeds: each
+      cell runs once per seed (`seed_bindings`, before `bindings`) and the
+      table pools the seeds.
+    table_only: train nothing: the table of the runs that have a
+      RESULT_FILE (whatever config wrote it), the others named as missing.
 
   Returns:
-    (list of per-cell result dicts, markdown table).
+    (list of per-run result dicts, markdown table).
   """
   from terraformer.cli import common  # pylint: disable=g-import-not-at-top
   configure = configure or common.parse_gin
@@ -342,19 +379,46 @@ def run_table(output_dir, cells=DEFAULT_CELLS, config_files=(), bindings=(),
   names = [n for n, _ in cells]
   if len(set(names)) != len(names):
     raise errors.TerraformerError(f'duplicate cells: {names}')
-  configs = [([path] + list(config_files or []), list(bindings or []))
-             for _, path in cells]
+  if seeds is not None and (
+      not seeds or len(set(seeds)) != len(seeds) or
+      any(isinstance(k, bool) or not isinstance(k, int) or k < 0
+          for k in seeds)):
+    raise errors.TerraformerError(
+        f'seeds must be distinct integers >= 0, got {seeds!r}')
+  runs = []  # (cell name, run directory name, gin files, bindings)
+  for name, path in cells:
+    files = [path] + list(config_files or [])
+    for seed in ([None] if seeds is None else seeds):
+      extra = [] if seed is None else seed_bindings(seed)
+      runs.append((name, name if seed is None else f'{name}_seed{seed}',
+                   files, extra + list(bindings or [])))
+  if table_only:
+    results = []
+    for _, run_dir, _, _ in runs:
+      path = os.path.join(output_dir, run_dir, RESULT_FILE)
+      if os.path.isfile(path):
+        with open(path) as f:
+          results.append(json.load(f))
+      else:
+        print(f'[{run_dir}] no result yet', flush=True)
+    if not results:
+      raise errors.TerraformerError(f'no results in {output_dir}')
+    return _write_table(output_dir, results)
   try:
-    for name, config in zip(names, configs):  # Fail fast, before training.
-      configure(*config)
+    for name, _, files, run_bindings in runs:  # Fail fast, before training.
+      configure(files, run_bindings)
       _check_cell(name)
     os.makedirs(output_dir, exist_ok=True)
     results = []
-    for name, config in zip(names, configs):
-      configure(*config)
-      results.append(run_cell(name, os.path.join(output_dir, name)))
+    for name, run_dir, files, run_bindings in runs:
+      configure(files, run_bindings)
+      results.append(run_cell(name, os.path.join(output_dir, run_dir)))
   finally:
     gin.clear_config()
+  return _write_table(output_dir, results)
+
+
+def _write_table(output_dir, results):
   table = format_table(results)
   _write_json(os.path.join(output_dir, TABLE_JSON), results)
   with open(os.path.join(output_dir, TABLE_MD), 'w') as f:

@@ -106,21 +106,31 @@ def test_evaluate_cell_scores_greedy_decodes(monkeypatch):
 
 
 def test_format_table():
-  def result(task, model, token, seq):
+  def result(task, model, token, seq, seed=0, in_dist=1.0):
     scores = {'ood': {'token_accuracy': token, 'sequence_accuracy': seq},
-              'validation': {'token_accuracy': 1.0, 'sequence_accuracy': 1.0}}
+              'validation': {'token_accuracy': in_dist,
+                             'sequence_accuracy': 1.0}}
     return {'cell': f'{task}_{model}', 'task': task, 'model': model,
             'parameters': 1234, 'steps': 10, 'train_seconds': 1.0,
             'eval_seconds': 2.0, 'scores': scores,
-            'settings': {'train_digits': [1, 4], 'eval_digits': [8, 9]}}
-  table = ood.format_table([result('copy', 'transformer', 0.798, 0.0),
-                            result('add', 'transformer', 0.364, 0.0),
-                            result('copy', 'terraformer_sru', 0.999, 0.939)])
+            'settings': {'train_digits': [1, 4], 'eval_digits': [8, 9],
+                         'seed': seed}}
+  table = ood.format_table([
+      result('copy', 'transformer', 0.798, 0.0),
+      result('add', 'transformer', 0.364, 0.0, in_dist=0.5),
+      result('copy', 'terraformer_sru', 0.999, 0.939),
+      result('copy', 'terraformer_sru', 0.899, 0.741, seed=1, in_dist=0.9)])
   lines = table.splitlines()
-  assert lines[0] == '| Model | copy | copy (seq) | add | add (seq) |'
-  assert lines[2] == '| Transformer | 79.8% | 0.0% | 36.4% | 0.0% |'
-  assert lines[3] == '| Terraformer (low-rank SRU) | 99.9% | 93.9% |  |  |'
-  assert '| copy_transformer | 1,234 | 10 | 1-4 | 8-9 | 100.0% |' in table
+  assert lines[0] == ('| Model | copy | copy (seq) | add | add (seq) | '
+                      'copy in-dist. | add in-dist. |')
+  assert lines[2] == ('| Transformer | 79.8% | 0.0% | 36.4% | 0.0% | '
+                      '100.0% | 50.0% |')
+  # Two seeds: their mean, then each seed's value.
+  assert lines[3] == ('| Terraformer (low-rank SRU) | 94.9% (99.9, 89.9) | '
+                      '84.0% (93.9, 74.1) |  |  | 95.0% (100.0, 90.0) |  |')
+  assert '| copy_transformer | 0 | 1,234 | 10 | 1-4 | 8-9 | 100.0% |' in table
+  assert '| copy_terraformer_sru | 1 | 1,234 | 10 | 1-4 | 8-9 | 90.0% |' in (
+      table)
 
 
 def test_cell_config_file(tmp_path):

@@ -27,6 +27,13 @@ TINY = [
     'Terraformer.n_heads = 2',
     'Terraformer.max_len = 64',
     'Terraformer.predict_mem_len = 64',
+    'Terraformer.predict_drop_len = 32',
+    # Full attention, plain residuals: the cells' LSH reversible Terraformer
+    # compiles for minutes on a loaded CPU (the harness is under test here).
+    "Terraformer.encoder_attention_type = 'full'",
+    "Terraformer.decoder_attention_type = 'full'",
+    'Terraformer.reversible = False',
+    'arithmetic_stream.pad_to_multiple = 1',
     'Terraformer.d_sru = 8',
     'terraformer.train.steps = 2',
     'terraformer.train.eval_every = 1',
@@ -90,11 +97,12 @@ def test_every_cell_config_parses():
 def test_tiny_table_end_to_end_then_skip(tmp_path, capsys):
   out_dir = tmp_path / 'out'
   args = ['--output_dir=' + str(out_dir),
-          '--cells=copy_transformer,add_terraformer_sru'] + [
+          '--cells=copy_transformer,add_terraformer_sru', '--seeds=3'] + [
               '--config=' + b for b in TINY]
   code, out, err = _run(capsys, *args)
   assert code == 0, err
-  assert '| Model | copy | copy (seq) | add | add (seq) |' in out
+  assert ('| Model | copy | copy (seq) | add | add (seq) | copy in-dist. | '
+          'add in-dist. |') in out
   assert '| Transformer |' in out and '| Terraformer (low-rank SRU) |' in out
   table = json.loads((out_dir / ood.TABLE_JSON).read_text())
   assert [r['cell'] for r in table] == ['copy_transformer',
@@ -103,11 +111,12 @@ def test_tiny_table_end_to_end_then_skip(tmp_path, capsys):
     assert r['steps'] == 2 and r['parameters'] > 0
     assert r['settings']['train_digits'] == [1, 3]
     assert r['settings']['eval_digits'] == [6, 7]
+    assert r['settings']['seed'] == 3
     for split in ('validation', 'ood'):
       score = r['scores'][split]
       assert score['n_sequences'] == 6
       assert 0 <= score['correct_tokens'] <= score['total_tokens']
-    cell_dir = out_dir / r['cell']
+    cell_dir = out_dir / (r['cell'] + '_seed3')
     assert (cell_dir / 'model.pkl.gz').exists()
     assert glob.glob(str(cell_dir / 'train' / 'events.out.tfevents.*'))
     assert glob.glob(str(cell_dir / 'eval' / 'events.out.tfevents.*'))
@@ -117,10 +126,42 @@ def test_tiny_table_end_to_end_then_skip(tmp_path, capsys):
   assert code == 0, err
   assert out2.count('done before') == 2 and 'training in' not in out2
   assert json.loads((out_dir / ood.TABLE_JSON).read_text()) == table
-  # More steps: the cell resumes from its checkpoint and is re-evaluated.
-  code, out3, err = _run(capsys, *args[:2], '--cells=copy_transformer',
-                         *['--config=' + b for b in TINY],
+  # More steps and a second seed: seed 3 resumes from its checkpoint and is
+  # re-evaluated, seed 4 trains; the table pools the two.
+  code, out3, err = _run(capsys, args[0], '--cells=copy_transformer',
+                         '--seeds=3,4', *['--config=' + b for b in TINY],
                          '--config=terraformer.train.steps = 3')
   assert code == 0, err
   assert 'Resuming from checkpoint at step 2' in out3
-  assert json.loads((out_dir / ood.TABLE_JSON).read_text())[0]['steps'] == 3
+  table3 = json.loads((out_dir / ood.TABLE_JSON).read_text())
+  assert [(r['steps'], r['settings']['seed']) for r in table3] == [(3, 3),
+                                                                  (3, 4)]
+  assert (out_dir / 'copy_transformer_seed4' / 'model.pkl.gz').exists()
+  row = next(line for line in out3.splitlines()
+             if line.startswith('| Transformer |'))
+  pooled = [100 * r['scores']['ood']['token_accuracy'] for r in table3]
+  assert f'({pooled[0]:.1f}, {pooled[1]:.1f})' in row
+  # --table_only: the finished runs' table, nothing trained, the missing run
+  # named.
+  code, out4, err = _run(capsys, args[0],
+                         '--cells=copy_transformer,add_terraformer_sru',
+                         '--seeds=3,4', '--table_only')
+  assert code == 0, err
+  assert '[add_terraformer_sru_seed4] no result yet' in out4
+  assert 'training in' not in out4 and 'done before' not in out4
+  assert [(r['cell'], r['settings']['seed']) for r in json.loads(
+      (out_dir / ood.TABLE_JSON).read_text())] == [
+          ('copy_transformer', 3), ('copy_transformer', 4),
+          ('add_terraformer_sru', 3)]
+  assert row in out4
+
+
+def test_bad_seeds(tmp_path, capsys):
+  code, _, err = _run(capsys, '--output_dir=' + str(tmp_path / 'out'),
+                      '--cells=copy_transformer', '--seeds=0,x')
+  assert code == 2
+  _assert_one_line_error(err, '--seeds must be integers')
+  code, _, err = _run(capsys, '--output_dir=' + str(tmp_path / 'out'),
+                      '--cells=copy_transformer', '--seeds=1,1')
+  assert code == 2
+  _assert_one_line_error(err, 'seeds must be distinct integers')
