@@ -178,7 +178,7 @@ def _examples(split, input_len, n_facts, n_keys, n_tags, n_values, value_len,
 def long_range_recall_stream(split='train', input_len=512, n_facts=4,
                              n_keys=64, n_tags=64, n_values=64, value_len=1,
                              batch_size=8, vocab_size=2048, vocab_path=None,
-                             papers_dir=None, seed=0):
+                             papers_dir=None, seed=0, target_pad_to=None):
   """Returns an endless generator of encoder-decoder recall batches.
 
   Args:
@@ -194,21 +194,34 @@ def long_range_recall_stream(split='train', input_len=512, n_facts=4,
       `model_vocab_size(vocab_size, n_keys, n_tags, n_values)` ids.
     vocab_path, papers_dir: as `lm_stream`.
     seed: random seed (deterministic: same seed, same batches).
+    target_pad_to: zero-pad targets (weight 0) to this length, e.g. so that
+      an LSH chunk divides input_len + target length; None: no padding.
 
   Returns:
     A generator of `(inputs [B, input_len], targets [B, n_facts * value_len
-    + 1], weights)`, int32/int32/float32, weights all 1 (no padding).
+    + 1 or target_pad_to], weights)`, int32/int32/float32, weights 1 on the
+    values and EOS, 0 on padding.
   """
   layout, examples = _examples(split, input_len, n_facts, n_keys, n_tags,
                                n_values, value_len, batch_size, vocab_size,
                                vocab_path, papers_dir, seed)
-  del layout
+  target_len = layout.target_len
+  if target_pad_to is not None:
+    if isinstance(target_pad_to, bool) or not isinstance(
+        target_pad_to, int) or target_pad_to < layout.target_len:
+      raise TerraformerError(
+          f'target_pad_to must be an integer >= {layout.target_len}, got '
+          f'{target_pad_to!r}')
+    target_len = target_pad_to
 
   def batches():
     for pairs in examples:
       inputs = np.stack([x for x, _ in pairs])
-      targets = np.stack([y for _, y in pairs])
-      yield inputs, targets, np.ones(targets.shape, np.float32)
+      targets = np.zeros((batch_size, target_len), np.int32)
+      weights = np.zeros((batch_size, target_len), np.float32)
+      targets[:, :layout.target_len] = np.stack([y for _, y in pairs])
+      weights[:, :layout.target_len] = 1.0
+      yield inputs, targets, weights
 
   return batches()
 

@@ -128,3 +128,41 @@ def test_gin_model_vocab_matches_the_stream():
     assert q('ScalingTransformer.input_vocab_size') == need
   finally:
     gin.clear_config()
+
+
+@pytest.mark.slow
+def test_pyramidion_pairing_trains_a_few_steps(shared_cache_dir, papers_dir,
+                                               tmp_path):
+  """gin/long_input/pyramidion.gin trains on the stream (synthetic corpus)."""
+  del shared_cache_dir
+  from terraformer import training  # pylint: disable=g-import-not-at-top
+  from terraformer.cli import common  # pylint: disable=g-import-not-at-top
+  common.setup()
+  need = lrr.model_vocab_size(V, **SYMBOLS)
+  common.parse_gin(
+      [os.path.join(GIN_DIR, 'long_input', 'pyramidion.gin')],
+      [f'VOCAB_SIZE = {V}', f'MODEL_VOCAB = {need}', 'INPUT_LEN = 256',
+       'N_FACTS = 3', f"long_range_recall_stream.papers_dir = '{papers_dir}'",
+       'long_range_recall_stream.batch_size = 2',
+       *[f'long_range_recall_stream.{k} = {v}' for k, v in SYMBOLS.items()],
+       'terraformer.train.steps = 2', 'terraformer.train.eval_every = 2',
+       'terraformer.train.eval_batches = 1',
+       'terraformer.train.checkpoint_every = 2'])
+  try:
+    training.train(str(tmp_path / 'run'))
+  finally:
+    gin.clear_config()
+  assert os.path.exists(tmp_path / 'run' / 'model.pkl.gz')
+
+
+def test_targets_pad_with_zero_weight(shared_cache_dir, papers_dir):
+  del shared_cache_dir
+  plain = next(_stream(papers_dir, seed=5))
+  padded = next(_stream(papers_dir, seed=5, target_pad_to=8))
+  np.testing.assert_array_equal(plain[0], padded[0])
+  np.testing.assert_array_equal(padded[1][:, :4], plain[1])
+  np.testing.assert_array_equal(padded[1][:, 4:], 0)
+  np.testing.assert_array_equal(padded[2][:, :4], 1.0)
+  np.testing.assert_array_equal(padded[2][:, 4:], 0.0)
+  with pytest.raises(TerraformerError, match='target_pad_to'):
+    _stream(papers_dir, target_pad_to=3)
