@@ -43,6 +43,7 @@ from trax import layers as tl
 from trax import shapes
 
 from terraformer import errors
+from terraformer import supervisor
 
 MESH_AXIS = 'fsdp'  # One axis: weights, slots and the batch split over it.
 
@@ -95,6 +96,7 @@ def initialize(coordinator_address=None, num_processes=None, process_id=None,
         f'could not join the job at {coordinator_address} as process '
         f'{process_id} of {num_processes} within {timeout_s} s: '
         f'{errors.first_line(e)}') from None
+  supervisor.report('process', jax.process_index(), jax.process_count())
   return jax.process_index(), jax.process_count()
 
 
@@ -165,7 +167,9 @@ class ProcessGroupError(errors.TerraformerError):
 
 
 def exit_now(code=2):
-  """Ends this process at once, skipping JAX's distributed shutdown."""
+  """Ends this process at once, skipping JAX's distributed shutdown (after
+  a `ProcessGroupError`: tells a `supervise` parent that a peer failed)."""
+  supervisor.report('peer_failed')
   sys.stdout.flush()
   sys.stderr.flush()
   os._exit(code)  # pylint: disable=protected-access

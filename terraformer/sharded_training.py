@@ -45,11 +45,27 @@ from trax.supervised import history as trax_history
 from terraformer import checkpoints
 from terraformer import distributed
 from terraformer import errors
+from terraformer import supervisor
 
 def _log(step, message):
   """A Trax-style log line (`Step      N: ...`), process 0 only."""
   if not jax.process_index():
     print(f'Step {step:6d}: {message}', flush=True)
+
+
+def new_since_eval():
+  """Sums of the train metrics of the steps since the last eval (JSON, in
+  checkpoint meta; used by FsdpLoop and training._CheckpointedLoop)."""
+  return {'loss': 0.0, 'steps': 0, 'stats': {}}
+
+
+def add_to_since_eval(since_eval, loss, stats):
+  """Adds one step's loss and optimizer stats (means over devices)."""
+  since_eval['loss'] += float(np.mean(np.asarray(loss)))
+  since_eval['steps'] += 1
+  for name, value in stats.items():
+    since_eval['stats'][name] = (since_eval['stats'].get(name, 0.0)
+                                 + float(np.mean(np.asarray(value))))
 
 
 class FsdpLoop:
@@ -66,6 +82,7 @@ class FsdpLoop:
     self.history = trax_history.History()
     self.batches_consumed = 0
     self.skipped_steps = 0
+    self.since_eval = new_since_eval()
     self._output_dir = output_dir
     self._store = store
     self._train_batches = train_batches
@@ -119,6 +136,7 @@ class FsdpLoop:
     self.batches_consumed = meta['batches_consumed']
     self.skipped_steps = meta['skipped_steps']
     self.history = trax_history.History.from_dict(meta['history'])
+    self.since_eval = meta.get('since_eval', new_since_eval())
     return step
 
   def save_checkpoint(self, basename='model'):
@@ -128,7 +146,7 @@ class FsdpLoop:
       self._store.save(self.step, self._arrays(), {
           'step': self.step, 'batches_consumed': self.batches_consumed,
           'skipped_steps': self.skipped_steps,
-          'history': self.history.to_dict()})
+          'history': self.history.to_dict(), 'since_eval': self.since_eval})
     if not self._write_model_pkl:
       return
     weights = self.trainer.gathered(self.trainer.weights)
@@ -189,6 +207,7 @@ class FsdpLoop:
   def _train_one_step(self):
     loss = self.trainer.train_step(next(self._train_batches))
     self.batches_consumed += 1
+    supervisor.report('step', self.step)  # For the one line of a peer death.
     stats = self.trainer.last_stats
     bad = next(((name, value) for name, value in (
         ('loss', loss), ('gradient norm', stats['gradients_l2']))
@@ -208,40 +227,46 @@ class FsdpLoop:
 
   def run(self, n_steps, lr_schedule, eval_at, checkpoint_at,
           permanent_checkpoint_at, on_eval):
-    """Trains `n_steps` more steps (Loop.run's order: step, checkpoint,
-    eval)."""
+    """Trains `n_steps` more steps: each step, its evals, its checkpoints.
+
+    Evals before checkpoints (Trax's Loop.run saves first; `_Checkpointed
+    Loop` defers its saves the same way): evaluating draws from the rng, so
+    the checkpoint must hold the rng of after the evals for a resumed run to
+    draw what the uninterrupted one does (issue 23). A crash during the
+    evals resumes from the checkpoint before.
+    """
     if self._chief:
       self._writers = {mode: jaxboard.SummaryWriter(
           os.path.join(self._output_dir, mode)) for mode in ('train', 'eval')}
     try:
-      loss_sum, stat_sums, n, start = 0.0, {}, 0, time.time()
+      start, steps_run = time.time(), 0
       for _ in range(n_steps):
         self.step += 1
+        steps_run += 1
         loss, stats = self._train_one_step()
         if np.isfinite(loss):
-          loss_sum += loss
-          for name, value in stats.items():
-            stat_sums[name] = stat_sums.get(name, 0.0) + value
-          n += 1
-        if checkpoint_at(self.step):
-          self.save_checkpoint('model')
-        if permanent_checkpoint_at(self.step):
-          self.save_checkpoint(f'model_{self.step}')
+          add_to_since_eval(self.since_eval, loss, stats)
         if eval_at(self.step):
           elapsed = time.time() - start
-          _log(self.step, f'Ran {n} train steps in {elapsed:0.2f} secs')
-          self._summaries('train', {'loss': loss_sum / max(n, 1)},
-                          'metrics/')
+          sums, self.since_eval = self.since_eval, new_since_eval()
+          n = max(sums['steps'], 1)
+          _log(self.step,
+               f'Ran {sums["steps"]} train steps in {elapsed:0.2f} secs')
+          self._summaries('train', {'loss': sums['loss'] / n}, 'metrics/')
           if self.step == 1:
             self._save_gin()
           self._summaries('train', dict(
               {'learning_rate': float(lr_schedule(self.step)),
-               'steps per second': n / max(elapsed, 1e-9)},
-              **{k: v / max(n, 1) for k, v in stat_sums.items()}),
+               'steps per second': steps_run / max(elapsed, 1e-9)},
+              **{k: v / n for k, v in sums['stats'].items()}),
                           'training/', stdout=False)
           self.run_evals()
           on_eval()
-          loss_sum, stat_sums, n, start = 0.0, {}, 0, time.time()
+          start, steps_run = time.time(), 0
+        if checkpoint_at(self.step):
+          self.save_checkpoint('model')
+        if permanent_checkpoint_at(self.step):
+          self.save_checkpoint(f'model_{self.step}')
     finally:
       if self._writers:
         for writer in self._writers.values():

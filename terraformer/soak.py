@@ -2,7 +2,7 @@
 
   python -m terraformer.soak --work_dir=DIR [--kills=50] [--steps=200]
       [--checkpoint_every=5] [--max_delay=4] [--seed=0]
-      [--config_file=gin/tiny/soak.gin]
+      [--config_file=gin/tiny/soak.gin] [--random_draws] [--config=BINDING]
 
 First trains `--steps` steps uninterrupted (the reference). Then trains the
 same config in another directory, SIGKILLs it a random time (uniform in
@@ -14,8 +14,16 @@ and checks every restart:
   * at most one checkpoint interval of steps was lost;
   * no run printed a traceback;
 and, once the run completes, that its weights and optimizer slots
-(`model.pkl.gz`) are bit-identical to the reference. Prints one line per kill
-and a summary; exits 0 only if every check passed.
+(`model.pkl.gz`) are bit-identical to the reference, which never resumed,
+and so is its last progress line (train loss and eval metrics). Prints one
+line per kill and a summary; exits 0 only if every check passed.
+
+The default config (tiny/soak.gin: a dense LM without dropout) draws no
+random numbers while training, so it cannot show a resume that restores the
+wrong rng (issue 23: the checkpoint of an eval step held the rng of before
+the evals). `--random_draws` soaks the same LM with sparse FF, QKV and loss
+and dropout 0.1 (`RANDOM_DRAWS`): every step then draws from the loop's rng.
+`--config` adds gin bindings (repeatable), to both runs.
 """
 import argparse
 import os
@@ -36,6 +44,11 @@ _GIN_DIR = os.path.join(os.path.dirname(os.path.dirname(
     os.path.abspath(__file__))), 'gin')
 _PROGRESS = re.compile(r'^step (\d+)/')
 _RESUMED = re.compile(r'^Resuming from checkpoint at step (\d+)')
+# --random_draws: the soak LM with layers that draw from the rng every step.
+RANDOM_DRAWS = ('ScalingTransformerLM.ff_sparsity = 16',
+                'ScalingTransformerLM.attention_sparsity = 4',
+                'ScalingTransformerLM.loss_sparsity = 4',
+                'ScalingTransformerLM.dropout = 0.1')
 
 
 class _Run:
@@ -99,12 +112,19 @@ def _check_no_traceback(run, what, failures):
                     + ' | '.join(run.err[-3:]))
 
 
+def _last_progress(run):
+  """The last progress line without its speed (`... | N steps/s`)."""
+  lines = [l for l in run.lines if _PROGRESS.match(l)]
+  return lines[-1].rsplit(' | ', 1)[0] if lines else None
+
+
 def soak(work_dir, kills, steps, checkpoint_every, max_delay, seed,
-         config_file):
+         config_file, bindings=()):
   """Runs the soak; returns (summary line, list of failures)."""
   rng = random.Random(seed)
   args = [f'--config_file={config_file}', f'--steps={steps}',
           f'--config=terraformer.train.checkpoint_every = {checkpoint_every}']
+  args += [f'--config={binding}' for binding in bindings]
   reference, soaked = (os.path.join(work_dir, n) for n in ('reference', 'run'))
   for folder in (reference, soaked):
     shutil.rmtree(folder, ignore_errors=True)
@@ -113,7 +133,9 @@ def soak(work_dir, kills, steps, checkpoint_every, max_delay, seed,
   if run.wait() != 0:
     raise SystemExit('soak: the reference run failed: ' + ' | '.join(
         run.err[-3:]))
-  print(f'reference: {steps} steps uninterrupted in {reference}', flush=True)
+  reference_line = _last_progress(run)
+  print(f'reference: {steps} steps uninterrupted in {reference}: '
+        f'{reference_line}', flush=True)
 
   n_kills = n_mid_save = n_clean = 0
   lost = []
@@ -155,12 +177,18 @@ def soak(work_dir, kills, steps, checkpoint_every, max_delay, seed,
            _same_weights(reference, soaked))
   if not equal:
     failures.append('final weights differ from the uninterrupted run')
+  final_line = _last_progress(run)
+  if final_line != reference_line:
+    failures.append(f'final progress line {final_line!r} differs from the '
+                    f'uninterrupted run\'s {reference_line!r}')
   summary = (f'soak: {n_kills} kills ({n_mid_save} mid-save), {n_clean} clean '
              f'resumes, steps lost max {max(lost, default=0)} mean '
              f'{np.mean(lost) if lost else 0:.1f} (checkpoint interval '
              f'{checkpoint_every}), final weights and slots '
              f'{"bit-identical to" if equal else "DIFFERENT from"} the '
-             f'uninterrupted run, {len(failures)} failure(s)')
+             'uninterrupted run (never resumed), final eval line '
+             f'{"equal" if final_line == reference_line else "DIFFERENT"}, '
+             f'{len(failures)} failure(s)')
   return summary, failures
 
 
@@ -175,10 +203,16 @@ def main(argv=None):
   parser.add_argument('--seed', type=int, default=0)
   parser.add_argument('--config_file',
                       default=os.path.join(_GIN_DIR, 'tiny', 'soak.gin'))
+  parser.add_argument('--random_draws', action='store_true',
+                      help='sparse layers and dropout: every step draws '
+                      'from the rng (RANDOM_DRAWS)')
+  parser.add_argument('--config', action='append', default=[],
+                      help='a gin binding for both runs (repeatable)')
   flags = parser.parse_args(argv)
+  bindings = (list(RANDOM_DRAWS) if flags.random_draws else []) + flags.config
   summary, failures = soak(flags.work_dir, flags.kills, flags.steps,
                            flags.checkpoint_every, flags.max_delay, flags.seed,
-                           flags.config_file)
+                           flags.config_file, bindings)
   for failure in failures:
     print(f'FAILED {failure}', flush=True)
   print(summary, flush=True)

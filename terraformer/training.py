@@ -41,6 +41,7 @@ from terraformer import distributed
 from terraformer import errors
 from terraformer import finetune
 from terraformer import sharded_training
+from terraformer import supervisor
 from terraformer.data import streaming
 
 compat.apply()  # Loop needs them (checkpoint restore, devices) outside CLIs.
@@ -141,6 +142,11 @@ class _CheckpointedLoop(training.Loop):
     self.batches_consumed = 0  # Train batches used: the stream position.
     self._in_train_step = False
     self.skipped_steps = 0  # Non-finite steps skipped (skip_non_finite).
+    self._in_run = False  # Inside `run` (its evals follow its saves).
+    self._evals_done_at = None  # Step of the last `run_evals`.
+    self._deferred_saves = []  # Basenames waiting for this step's evals.
+    # Train metrics since the last eval (checkpointed).
+    self.since_eval = sharded_training.new_since_eval()
     super().__init__(*args, **kwargs)
 
   def _train_state(self, convert=np.asarray):
@@ -191,13 +197,15 @@ class _CheckpointedLoop(training.Loop):
     """Where training stands, as the checkpoint's JSON meta says it."""
     return {'step': self._step, 'batches_consumed': self.batches_consumed,
             'skipped_steps': self.skipped_steps,
-            'history': self._history.to_dict()}
+            'history': self._history.to_dict(), 'since_eval': self.since_eval}
 
   def _set_position(self, meta):
     self._step = meta['step']
     self.batches_consumed = meta['batches_consumed']
     self.skipped_steps = meta['skipped_steps']
     self._history = trax_history.History.from_dict(meta['history'])
+    self.since_eval = meta.get(
+        'since_eval', sharded_training.new_since_eval())
 
   def _take_state_of_process_0(self):
     meta = distributed.broadcast_json(self._position())
@@ -224,6 +232,37 @@ class _CheckpointedLoop(training.Loop):
           'saved: resume is not exact)', flush=True)
 
   def save_checkpoint(self, basename):
+    # Loop.run saves a step's checkpoints before its evals, which draw from
+    # the loop's rng (`new_rng` per eval batch): a checkpoint taken there
+    # holds the rng of before the evals, and a run resumed from it draws
+    # other numbers (sparse FF noise, dropout) than the uninterrupted run
+    # (issue 23). At a step with evals the saves wait for them (`run_evals`):
+    # checkpoint and history then include the step's evals; a crash during
+    # them resumes from the checkpoint before.
+    if self._evals_pending():
+      self._deferred_saves.append(basename)
+      return
+    self._save_checkpoint_now(basename)
+
+  def _evals_pending(self):
+    return (self._in_run and self._evals_done_at != self.step
+            and self._eval_at(self.step))
+
+  def run(self, n_steps=1):
+    self._in_run = True
+    try:
+      return super().run(n_steps)
+    finally:
+      self._in_run = False
+
+  def run_evals(self, summary_writers=None):
+    super().run_evals(summary_writers)
+    self._evals_done_at = self.step
+    saves, self._deferred_saves = self._deferred_saves, []
+    for basename in saves:
+      self._save_checkpoint_now(basename)
+
+  def _save_checkpoint_now(self, basename):
     if not distributed.is_multiprocess():
       if self._output_dir is not None:
         self._save(basename, self._snapshot(basename))
@@ -291,6 +330,19 @@ class _CheckpointedLoop(training.Loop):
       rng = jax.random.fold_in(rng, jax.process_index())
     return rng
 
+  def _log_training_progress(self, task, total_loss, n_steps, elapsed_time,
+                              optimizer_metrics, summary_writer):
+    """Logs the train metrics since the last eval from `since_eval`, which
+    checkpoints carry (Loop.run's sums start at 0 in every process: the
+    first eval after a resume between two evals would average fewer steps
+    than the uninterrupted run's). Skipped non-finite steps are left out."""
+    del total_loss, n_steps, optimizer_metrics  # Loop.run's; this process's.
+    sums = self.since_eval
+    self.since_eval = sharded_training.new_since_eval()
+    super()._log_training_progress(
+        task, sums['loss'], sums['steps'], elapsed_time, sums['stats'],
+        summary_writer)
+
   def log_summary(self, values, summary_writer, value_prefix, log_prefix,
                   stdout=True):
     """Logs metrics averaged over all processes (Trax: this process's)."""
@@ -313,6 +365,7 @@ class _CheckpointedLoop(training.Loop):
     finally:
       self._in_train_step = False
     self.batches_consumed += 1
+    supervisor.report('step', self.step)  # For the one line of a peer death.
     if distributed.is_multiprocess():  # The same decision on every process.
       # Host copies first: no computation on the step's outputs here.
       loss, gradients_l2 = distributed.global_mean([
@@ -329,6 +382,8 @@ class _CheckpointedLoop(training.Loop):
       raise errors.TerraformerError(
           f'non-finite {bad[0]} ({bad[1]}) at step {self.step}: training '
           f'stopped, nothing saved for this step; last checkpoint: {last}')
+    if not bad:
+      sharded_training.add_to_since_eval(self.since_eval, loss, stats)
     if bad:
       self.skipped_steps += 1
       self.update_weights_and_state(*before[:2])

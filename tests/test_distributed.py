@@ -5,6 +5,7 @@ global batch stream, Adam) on forced CPU devices; JAX's collectives between
 processes go over gloo on localhost. Every wait is bounded.
 """
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -236,15 +237,12 @@ def test_train_cli_two_processes_killed_and_resumed_equals_one_process(
   killed_at = time.time()
   code, _, err = _finish_text(first[0])
   assert time.time() - killed_at < 120
-  # It stops, never hangs: with our one line (exit 2) when its next
-  # collective fails, or, when it was waiting for the dead process to
-  # connect, JAX ends it after --heartbeat_timeout_s (SIGABRT, its own log).
-  ours = (code == 2 and err.strip().splitlines()[-1].startswith(
-      'terraformer-train: error: step ')
-          and 'another process probably died' in err)
-  jax_s = (code == -6 and 'JAX distributed service detected fatal errors'
-           in err and 'stopped sending heartbeats' in err)
-  assert ours or jax_s, (code, err[-3000:])
+  # It stops, never hangs, with one line (exit 2): when its next collective
+  # fails, or when JAX ends it after --heartbeat_timeout_s (its fatal log).
+  assert code == 2, err[-3000:]
+  assert _death_lines(err) == [err.strip().splitlines()[-1]], err[-3000:]
+  assert re.match(r'terraformer-train: error: process 0 of 2: process 1 '
+                  r'died \(.*\) after step \d+;', _death_lines(err)[0])
   print(f'process 0 after the kill of process 1: exit {code} after '
         f'{time.time() - killed_at:.1f} s')
   first[1].communicate()
@@ -277,6 +275,49 @@ def test_train_cli_two_processes_killed_and_resumed_equals_one_process(
         f'log_perplexity {ppl2} (2 x 2) vs {ppl1} (1 x 4)')
   assert difference < 1e-5
   assert ppl2 == pytest.approx(ppl1, abs=2e-4)
+
+
+PEER_DEATH = re.compile(
+    r'^terraformer-train: error: process (\d) of 2: (.*) died (.*)after '
+    r'step (\d+); run the same command again on every process: it resumes '
+    r'from the last checkpoint$')
+
+
+def _death_lines(err):
+  """The one-line reports of a peer's death in `err`; asserts that JAX's
+  fatal log and native error lines were kept out."""
+  assert 'Check failure' not in err and 'Terminating process' not in err
+  assert not re.search(r'^[EF]\d{4} ', err, re.M), err[-3000:]
+  return [l for l in err.splitlines() if PEER_DEATH.match(l)]
+
+
+@pytest.mark.slow
+def test_the_coordinators_death_is_one_line_on_its_peer(tmp_path):
+  """Process 0 (the coordinator, JAX's coordination service) is killed
+  after a checkpoint: process 1 ends within the heartbeat timeout, exit 2,
+  with one line naming it, the step and how to restart; not JAX's fatal
+  log and SIGABRT."""
+  out_dir = tmp_path / 'run'
+  job = _train_two_processes(out_dir, 200)
+  marker = out_dir / 'checkpoints' / '2' / 'COMMITTED'
+  deadline = time.time() + 2 * TIMEOUT_S  # Start-up: minutes on a busy CPU.
+  while not marker.exists() and time.time() < deadline and all(
+      p.poll() is None for p in job):
+    time.sleep(0.05)
+  assert marker.exists(), _finish_text(job[1])[2][-3000:]
+  job[0].kill()  # `terraformer-train`: its child, process 0, dies with it.
+  killed_at = time.time()
+  code, _, err = _finish_text(job[1])
+  job[0].communicate()
+  seconds = time.time() - killed_at
+  assert seconds < 10 + 30, seconds  # --heartbeat_timeout_s=10, loaded CPU.
+  assert code == 2, err[-3000:]
+  lines = _death_lines(err)
+  assert lines == [err.strip().splitlines()[-1]], err[-3000:]
+  me, who, _, step = PEER_DEATH.match(lines[0]).groups()
+  assert me == '1' and who == 'process 0 (the coordinator)'
+  assert int(step) >= 2
+  print(f'{lines[0]} ({seconds:.1f} s after the kill)')
 
 
 def _tiny_trainer(skip_non_finite):
@@ -387,3 +428,57 @@ def test_process_batches_are_fed_as_they_are_plain_ones_split(monkeypatch):
   plain, local = list(stream())
   np.testing.assert_array_equal(plain[0], rows[2:])  # Process 1's half.
   np.testing.assert_array_equal(local[0], rows)  # Already its rows.
+
+
+_FAKE_CHILD = '''
+import os, sys
+from terraformer import supervisor
+supervisor.report('process', 1, 2)
+supervisor.report('step', 7)
+print('a line of Python on stderr', file=sys.stderr, flush=True)
+if sys.argv[1] == 'coordinator_died':
+  sys.stderr.write(
+      'W1125 10:08:53.750780   20441 preemption_sync_manager.cc:147] Failed '
+      'to retrieve preemption notice from coordination service\\n'
+      ':UNKNOWN:Error received from peer  {grpc_status:14}\\n'
+      'E1125 09:58:34.091075   15260 coordination_service_agent.cc:289] '
+      'Polled an error from coordination service\\n'
+      'F1125 09:58:34.091159   15260 client.h:80] Terminating process because '
+      'the JAX distributed service detected fatal errors. absl::Status: '
+      'UNAVAILABLE: Failed to send RPC to coordination service. Either the '
+      'leader task was preempted/died\\n*** Check failure stack trace: ***\\n'
+      '    @     0x7fba8f040634  absl::LogMessage::SendToLog()\\n')
+  sys.stderr.flush()
+  os.abort()
+print('W1125 10:00:00.000000 1 x.cc:1] a native warning', file=sys.stderr)
+sys.exit(int(sys.argv[1]))
+'''
+
+
+@pytest.mark.parametrize('case', ['coordinator_died', '0', '3'])
+def test_supervise_turns_a_peers_death_into_one_line(tmp_path, capfd, case):
+  """`supervisor.supervise` (multi-process terraformer-train): a child that
+  ends in JAX's fatal log of a dead coordinator gives one line and exit 2;
+  otherwise the child's stderr passes whole and its exit code is kept."""
+  from terraformer import supervisor  # pylint: disable=g-import-not-at-top
+  (tmp_path / 'fake_child.py').write_text(_FAKE_CHILD)
+  path = os.environ.get('PYTHONPATH', '')
+  os.environ['PYTHONPATH'] = os.pathsep.join(
+      [str(tmp_path), ROOT] + ([path] if path else []))
+  try:
+    code = supervisor.supervise('terraformer-train', 'fake_child',
+                                ['terraformer-train', case])
+  finally:
+    os.environ['PYTHONPATH'] = path
+  err = capfd.readouterr().err
+  lines = [l for l in err.splitlines() if l]
+  assert lines[0] == 'a line of Python on stderr'
+  if case == 'coordinator_died':
+    assert code == 2
+    assert lines[1:] == [
+        'terraformer-train: error: process 1 of 2: process 0 (the '
+        'coordinator) died after step 7; run the same command again on every '
+        'process: it resumes from the last checkpoint']
+  else:
+    assert code == int(case)
+    assert lines[1:] == ['W1125 10:00:00.000000 1 x.cc:1] a native warning']

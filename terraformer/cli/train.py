@@ -19,6 +19,7 @@ import sys
 from absl import flags
 
 from terraformer import errors
+from terraformer import supervisor
 from terraformer.cli import common
 
 PROG = 'terraformer-train'
@@ -84,7 +85,18 @@ def _train(flag_values):
   return 0
 
 
+# Flags of a multi-process job: it runs under `supervisor.supervise` (a
+# peer's death is then one line, not JAX's fatal log).
+_PROCESS_FLAGS = ('--coordinator_address', '--num_processes', '--process_id',
+                  '--distributed')
+
+
 def main(argv=None):
+  argv = sys.argv if argv is None else argv
+  if any(a.split('=')[0] in _PROCESS_FLAGS for a in argv[1:]):
+    code = supervisor.supervise(PROG, 'terraformer.cli.train', argv)
+    if code is not None:  # The parent: the child has ended.
+      return code
   return common.run(PROG, argv, _define_flags, _train, precheck=_precheck)
 
 
