@@ -12,3 +12,5 @@ from terraformer.data.c4 import c4_lm_stream
 from terraformer.data.c4 import c4_stream
 from terraformer.data.summarization import summarization_pairs
 from terraformer.data.summarization import summarization_stream
+from terraformer.data.long_range_recall import long_range_recall_lm_stream
+from terraformer.data.long_range_recall import long_range_recall_stream

@@ -1,0 +1,268 @@
+"""Long-range recall: split key -> value facts in papers filler (issue 21).
+
+A synthetic encoder-decoder task that a model can only solve by relating
+tokens far apart. Each example is `input_len` tokens of real text from the
+papers corpus (filler) with k facts written into it, each split in two
+halves linked by a tag:
+
+  first half of the input  (region A):  ... K_j T_j ...     key, tag
+  second half of the input (region B):  ... T_j V_j ...     tag, value
+  the last k + 2 tokens:                Q K_q1 ... K_qk EOS   the queries
+
+and the target is the values of the queried keys, in query order:
+`V_q1 ... V_qk EOS`. Keys, tags, values and the query mark are extra
+symbols above the SentencePiece vocabulary, so filler never contains them.
+Within an example keys and tags are distinct; the facts sit in a random
+order in A, in another random order in B, and are queried in a third order
+that differs from their order in A.
+
+Why it needs range: every key is in the first half of the input and its
+value in the second (region A ends at `input_len // 2`, region B starts
+there; on average they are ~input_len / 2 tokens apart), and only the tag
+ties them together. A full-attention encoder can join the two
+halves in one layer (T_j in B attends to the same tag in A and picks up K_j)
+and the decoder then needs one lookup by key. An encoder whose attention
+blocks lie inside one region (blockwise, `block_len <= input_len // 2`)
+cannot join them; its 2-layer decoder would need three dependent
+cross-attention lookups (query i -> key -> tag -> value). Pooling between
+blockwise layers (Pyramidion) shortens the sequence, so a later block spans
+both regions again.
+
+`long_range_recall_lm_stream` is the same examples as one causal sequence
+(input then target) for decoder-only LMs, weighted on the answer tokens.
+"""
+import gin
+import numpy as np
+
+from terraformer.data import aclsum_papers
+from terraformer.data import vocab as vocab_lib
+from terraformer.errors import TerraformerError
+
+SPLITS = ('train', 'validation', 'test')
+
+
+def n_symbols(n_keys, n_tags, n_values):
+  """How many ids the task adds above the SentencePiece vocabulary."""
+  return 1 + n_keys + n_tags + n_values
+
+
+def model_vocab_size(vocab_size, n_keys, n_tags, n_values):
+  """The (input and output) vocabulary size a model needs for the task."""
+  return vocab_size + n_symbols(n_keys, n_tags, n_values)
+
+
+def _check(input_len, n_facts, n_keys, n_tags, n_values, value_len,
+           batch_size):
+  for name, value in dict(input_len=input_len, n_facts=n_facts,
+                          n_keys=n_keys, n_tags=n_tags, n_values=n_values,
+                          value_len=value_len,
+                          batch_size=batch_size).items():
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+      raise TerraformerError(
+          f'{name} must be a positive integer, got {value!r}')
+  if n_facts < 2:
+    raise TerraformerError(
+        f'n_facts must be at least 2 (queries in a new order), got {n_facts}')
+  if n_keys < n_facts or n_tags < n_facts:
+    raise TerraformerError(
+        f'n_keys={n_keys} and n_tags={n_tags} must be >= n_facts={n_facts} '
+        '(distinct within an example)')
+  half = input_len // 2
+  need_b = n_facts * (1 + value_len) + n_facts + 2
+  if n_facts * 2 > half or need_b > input_len - half:
+    raise TerraformerError(
+        f'input_len={input_len} is too short for {n_facts} facts with values'
+        f' of {value_len} tokens')
+
+
+class Layout:
+  """The symbol ids and lengths of one task configuration."""
+
+  def __init__(self, vocab_size, input_len, n_facts, n_keys, n_tags,
+               n_values, value_len):
+    self.input_len = input_len
+    self.n_facts = n_facts
+    self.value_len = value_len
+    self.query_mark = vocab_size
+    self.keys = vocab_size + 1 + np.arange(n_keys)
+    self.tags = self.keys[-1] + 1 + np.arange(n_tags)
+    self.values = self.tags[-1] + 1 + np.arange(n_values)
+    self.target_len = n_facts * value_len + 1
+    self.region_b = input_len // 2               # Region A: [0, region_b).
+    self.query_start = input_len - n_facts - 2   # Region B: [region_b, here).
+
+  def _slots(self, rng, start, stop, width, n):
+    """n random non-overlapping starts of `width` tokens in [start, stop)."""
+    n_slots = (stop - start) // width
+    slots = np.sort(rng.choice(n_slots, size=n, replace=False))
+    return start + slots * width
+
+
+def make_example(rng, filler, layout, eos_id):
+  """One example from a random filler window.
+
+  Returns:
+    (input ids [input_len], target ids [target_len], info) where info holds
+    `key_pos`, `value_pos` (per fact, in fact order), `query_order` and the
+    fact `keys`, `tags`, `values` (so tests can check the layout).
+  """
+  k, vlen = layout.n_facts, layout.value_len
+  start = int(rng.integers(0, len(filler) - layout.input_len + 1))
+  ids = np.array(filler[start:start + layout.input_len], np.int32)
+  keys = rng.choice(layout.keys, size=k, replace=False)
+  tags = rng.choice(layout.tags, size=k, replace=False)
+  values = rng.choice(layout.values, size=(k, vlen))
+  # Facts in a random order in each region: slot i of A holds fact order_a[i].
+  order_a, order_b = rng.permutation(k), rng.permutation(k)
+  query = rng.permutation(k)
+  while np.array_equal(query, order_a):
+    query = rng.permutation(k)
+  key_pos = np.zeros(k, np.int64)
+  value_pos = np.zeros(k, np.int64)
+  for slot, fact in zip(layout._slots(rng, 0, layout.region_b, 2, k),
+                        order_a):
+    ids[slot:slot + 2] = keys[fact], tags[fact]
+    key_pos[fact] = slot
+  for slot, fact in zip(layout._slots(rng, layout.region_b,
+                                      layout.query_start, 1 + vlen, k),
+                        order_b):
+    ids[slot] = tags[fact]
+    ids[slot + 1:slot + 1 + vlen] = values[fact]
+    value_pos[fact] = slot + 1
+  ids[layout.query_start] = layout.query_mark
+  ids[layout.query_start + 1:layout.query_start + 1 + k] = keys[query]
+  ids[-1] = eos_id
+  target = np.concatenate([values[query].reshape(-1), [eos_id]]).astype(
+      np.int32)
+  info = dict(key_pos=key_pos, value_pos=value_pos, query_order=query,
+              fact_order_a=order_a, keys=keys, tags=tags, values=values)
+  return ids, target, info
+
+
+def _filler(split, vocab_size, vocab_path, papers_dir, input_len):
+  vocab = vocab_lib.get_vocab(vocab_size, vocab_path, papers_dir)
+  papers = aclsum_papers.load_split(split, papers_dir)
+  docs = vocab.encode_batch(p['body'] for p in papers)
+  filler = np.concatenate([np.asarray(d, np.int32) for d in docs])
+  if len(filler) < input_len:
+    raise TerraformerError(
+        f'split {split!r} has {len(filler)} tokens of text, fewer than '
+        f'input_len={input_len}')
+  return filler, vocab
+
+
+def _examples(split, input_len, n_facts, n_keys, n_tags, n_values, value_len,
+              batch_size, vocab_size, vocab_path, papers_dir, seed):
+  """(layout, generator of lists of batch_size (input, target) pairs)."""
+  _check(input_len, n_facts, n_keys, n_tags, n_values, value_len, batch_size)
+  if split not in SPLITS:
+    raise TerraformerError(f'split must be one of {SPLITS}, got {split!r}')
+  filler, vocab = _filler(split, vocab_size, vocab_path, papers_dir,
+                          input_len)
+  if vocab.vocab_size != vocab_size:
+    raise TerraformerError(
+        f'vocab has {vocab.vocab_size} pieces, vocab_size={vocab_size}')
+  layout = Layout(vocab_size, input_len, n_facts, n_keys, n_tags, n_values,
+                  value_len)
+  rng = np.random.default_rng([seed, SPLITS.index(split)])
+
+  def batches():
+    while True:
+      yield [make_example(rng, filler, layout, vocab.eos_id)[:2]
+             for _ in range(batch_size)]
+
+  return layout, batches()
+
+
+@gin.configurable(module='terraformer.data')
+def long_range_recall_stream(split='train', input_len=512, n_facts=4,
+                             n_keys=64, n_tags=64, n_values=64, value_len=1,
+                             batch_size=8, vocab_size=2048, vocab_path=None,
+                             papers_dir=None, seed=0, target_pad_to=None):
+  """Returns an endless generator of encoder-decoder recall batches.
+
+  Args:
+    split: papers split the filler comes from ('train', 'validation',
+      'test'); each split also draws its facts from its own random stream.
+    input_len: input tokens (filler + facts + queries + EOS).
+    n_facts: facts per example (k).
+    n_keys, n_tags, n_values: sizes of the key, tag and value alphabets.
+    value_len: tokens per value.
+    batch_size: examples per batch.
+    vocab_size: SentencePiece pieces of the filler; the task's symbols take
+      ids from `vocab_size` on, so the model needs
+      `model_vocab_size(vocab_size, n_keys, n_tags, n_values)` ids.
+    vocab_path, papers_dir: as `lm_stream`.
+    seed: random seed (deterministic: same seed, same batches).
+    target_pad_to: zero-pad targets (weight 0) to this length, e.g. so that
+      an LSH chunk divides input_len + target length; None: no padding.
+
+  Returns:
+    A generator of `(inputs [B, input_len], targets [B, n_facts * value_len
+    + 1 or target_pad_to], weights)`, int32/int32/float32, weights 1 on the
+    values and EOS, 0 on padding.
+  """
+  layout, examples = _examples(split, input_len, n_facts, n_keys, n_tags,
+                               n_values, value_len, batch_size, vocab_size,
+                               vocab_path, papers_dir, seed)
+  target_len = layout.target_len
+  if target_pad_to is not None:
+    if isinstance(target_pad_to, bool) or not isinstance(
+        target_pad_to, int) or target_pad_to < layout.target_len:
+      raise TerraformerError(
+          f'target_pad_to must be an integer >= {layout.target_len}, got '
+          f'{target_pad_to!r}')
+    target_len = target_pad_to
+
+  def batches():
+    for pairs in examples:
+      inputs = np.stack([x for x, _ in pairs])
+      targets = np.zeros((batch_size, target_len), np.int32)
+      weights = np.zeros((batch_size, target_len), np.float32)
+      targets[:, :layout.target_len] = np.stack([y for _, y in pairs])
+      weights[:, :layout.target_len] = 1.0
+      yield inputs, targets, weights
+
+  return batches()
+
+
+@gin.configurable(module='terraformer.data')
+def long_range_recall_lm_stream(split='train', seq_len=512, n_facts=4,
+                                n_keys=64, n_tags=64, n_values=64,
+                                value_len=1, batch_size=8, vocab_size=2048,
+                                vocab_path=None, papers_dir=None, seed=0,
+                                weight_filler=False):
+  """The recall examples as causal LM sequences: input, then target.
+
+  Each row is one example of input length `seq_len - (n_facts * value_len +
+  1)` followed by its target, so it is `seq_len` tokens long. The answer
+  tokens are the last `n_facts * value_len + 1`.
+
+  Args:
+    seq_len: tokens per row.
+    weight_filler: also weight the input tokens (default: only the answer
+      tokens count, so log-perplexity measures recall alone).
+    Others: as `long_range_recall_stream`.
+
+  Returns:
+    A generator of `(tokens, tokens, weights)`, each `(batch_size, seq_len)`.
+  """
+  target_len = n_facts * value_len + 1
+  if isinstance(seq_len, bool) or not isinstance(seq_len, int) or (
+      seq_len <= target_len):
+    raise TerraformerError(
+        f'seq_len must be an integer > {target_len}, got {seq_len!r}')
+  _, examples = _examples(split, seq_len - target_len, n_facts, n_keys,
+                          n_tags, n_values, value_len, batch_size, vocab_size,
+                          vocab_path, papers_dir, seed)
+  weights = np.zeros((batch_size, seq_len), np.float32)
+  weights[:, seq_len - target_len:] = 1.0
+  if weight_filler:
+    weights[:] = 1.0
+
+  def batches():
+    for pairs in examples:
+      tokens = np.stack([np.concatenate([x, y]) for x, y in pairs])
+      yield tokens, tokens, weights.copy()
+
+  return batches()
