@@ -79,10 +79,25 @@ def describe_options(options=None):
   return path if weights == 'float32' else f'{path}, {weights} weights'
 
 
+_OPTIONS_ATTR = '_terraformer_decode_options'
+
+
+def bind_options(model, options=None):
+  """Fixes `model`'s decode options now (default: the gin ones), for a step
+  made later under another gin configuration (terraformer-bench)."""
+  setattr(model, _OPTIONS_ATTR, options or decode_options())
+  return getattr(model, _OPTIONS_ATTR)
+
+
+def model_options(model, options=None):
+  """`options`, else those bound to `model`, else the gin ones."""
+  return options or getattr(model, _OPTIONS_ATTR, None) or decode_options()
+
+
 def prepare_model(model, options=None):
   """Installs the kernel layers the options ask for; returns a function
   `weights -> stored weights` (identity for the plain XLA float32 path)."""
-  kernels, weights = options or decode_options()
+  kernels, weights = model_options(model, options)
   if kernels == 'xla' and weights == 'float32':
     return lambda w: w
   if kernels == 'ffi' and not kernel_lib.available():
@@ -104,7 +119,7 @@ def make_step(model, donate_state=True, options=None):
   `model.weights, model.state = weights, state`): Trax's `pure_fn` restores
   them after the call.
 
-  `options` (default: the gin `decode_options`) may install kernel layers
+  `options` (default: `model_options(model)`) may install kernel layers
   in `model` and store their weights in bf16/int8: `step` converts the
   float32 weights it is given once (cached while the same tree is passed);
   `step.jitted` takes already stored weights (`step.store_weights(w)`).

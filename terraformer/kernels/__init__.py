@@ -45,6 +45,8 @@ def _load():
           name, jax.ffi.pycapsule(getattr(lib, name)), platform='cpu')
     lib.tf_set_isa.argtypes = [ctypes.c_int]
     lib.tf_set_isa.restype = ctypes.c_int
+    lib.tf_set_parallel_bytes.argtypes = [ctypes.c_int64]
+    lib.tf_set_parallel_bytes.restype = ctypes.c_int64
   except (OSError, AttributeError) as e:
     _state['error'] = f'cannot load {path}: {e}'
     return None
@@ -74,6 +76,21 @@ def set_isa(name=None):
   return ISA_NAMES[lib.tf_set_isa(level)]
 
 
+def set_parallel_bytes(n_bytes=None):
+  """Weight bytes from which a product is split over XLA's CPU thread pool
+  (default 1 MiB; a huge value keeps every call on one thread). None keeps
+  it. Returns the value in use."""
+  lib = _load()
+  if lib is None:
+    raise RuntimeError(unavailable_reason())
+  return lib.tf_set_parallel_bytes(-1 if n_bytes is None else int(n_bytes))
+
+
+def _require():
+  if _load() is None:
+    raise RuntimeError(unavailable_reason())
+
+
 def _f32(a):
   return jnp.asarray(a, jnp.float32)
 
@@ -84,6 +101,7 @@ def skinny_matmul(x, w, g=None, scale=None, bias=None):
   `w` [K, N] float32, bfloat16 or int8; `g` [S, K] (default ones [1, K]);
   `scale` [K] per-row scales of `w` (int8); `bias` [S * N].
   """
+  _require()
   k, n = w.shape
   g = jnp.ones((1, k), jnp.float32) if g is None else _f32(g)
   scale = jnp.ones((k,), jnp.float32) if scale is None else _f32(scale)
@@ -95,6 +113,7 @@ def skinny_matmul(x, w, g=None, scale=None, bias=None):
 
 def sparse_ff(x, c1, c2, c, w1t, w2, b2, block, s1=None, s2=None):
   """The predict-mode sparse FF block (paper §3.1) of tokens x [..., d]."""
+  _require()
   ones = jnp.ones((w1t.shape[0],), jnp.float32)
   s1 = ones if s1 is None else _f32(s1)
   s2 = ones if s2 is None else _f32(s2)

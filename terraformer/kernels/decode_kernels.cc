@@ -92,10 +92,11 @@ Isa CurrentIsa() { return static_cast<Isa>(g_isa.load()); }
 
 // ---------------------------------------------------------------------------
 // y[r, n] = sum_k xs[r, k] W[k, n] for n in [n0, n1); y rows of stride ldy.
-// W [K, N] row-major. Columns go in panels of kPanel floats whose R output
-// rows stay in L1 while 4 rows of W at a time stream through.
+// W [K, N] row-major. Columns go in panels of kPanel floats: 4 rows of W
+// at a time stream through a panel (long contiguous reads the hardware
+// prefetcher follows), while the R output rows of the panel stay in cache.
 
-constexpr int64_t kPanel = 512;
+constexpr int64_t kPanel = 4096;
 
 template <typename W>
 void PanelScalar(const float* xs, int64_t R, int64_t K, const W* w, int64_t N,
@@ -157,9 +158,38 @@ template <typename W>
 TF_AVX2 void PanelAvx2(const float* xs, int64_t R, int64_t K, const W* w,
                        int64_t N, float* y, int64_t ldy, int64_t n0,
                        int64_t n1) {
-  int64_t n_vec = n0 + (n1 - n0) / 8 * 8;
+  const int64_t n_vec = n0 + (n1 - n0) / 8 * 8;
   for (int64_t r = 0; r < R; ++r) std::fill(y + r * ldy + n0, y + r * ldy + n1, 0.f);
-  for (int64_t k = 0; k < K; ++k) {
+  int64_t k = 0;
+  for (; k + 4 <= K; k += 4) {
+    const W* w0 = w + k * N;
+    const W* w1 = w0 + N;
+    const W* w2 = w1 + N;
+    const W* w3 = w2 + N;
+    for (int64_t n = n0; n < n_vec; n += 8) {
+      __m256 a0 = load8(w0 + n), a1 = load8(w1 + n);
+      __m256 a2 = load8(w2 + n), a3 = load8(w3 + n);
+      for (int64_t r = 0; r < R; ++r) {
+        const float* x = xs + r * K + k;
+        float* yr = y + r * ldy + n;
+        __m256 acc = _mm256_loadu_ps(yr);
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(x[0]), a0, acc);
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(x[1]), a1, acc);
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(x[2]), a2, acc);
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(x[3]), a3, acc);
+        _mm256_storeu_ps(yr, acc);
+      }
+    }
+    for (int64_t r = 0; r < R; ++r) {
+      const float* x = xs + r * K + k;
+      float* yr = y + r * ldy;
+      for (int64_t n = n_vec; n < n1; ++n) {
+        yr[n] += x[0] * to_f32(w0[n]) + x[1] * to_f32(w1[n]) +
+                 x[2] * to_f32(w2[n]) + x[3] * to_f32(w3[n]);
+      }
+    }
+  }
+  for (; k < K; ++k) {
     const W* wk = w + k * N;
     for (int64_t n = n0; n < n_vec; n += 8) {
       __m256 a = load8(wk + n);
@@ -200,7 +230,9 @@ template <typename F>
 void ParallelFor(ffi::ThreadPool* pool, int64_t n_chunks, F work) {
   int64_t helpers = 0;
   if (pool != nullptr && n_chunks > 1) {
-    helpers = std::min<int64_t>(pool->num_threads(), n_chunks - 1);
+    // The caller is one of the workers: pool threads - 1 helpers, so that
+    // the workers do not outnumber the cores XLA sized its pool for.
+    helpers = std::min<int64_t>(pool->num_threads() - 1, n_chunks - 1);
   }
   if (helpers <= 0) {
     for (int64_t c = 0; c < n_chunks; ++c) work(c);
@@ -220,15 +252,17 @@ void ParallelFor(ffi::ThreadPool* pool, int64_t n_chunks, F work) {
   }
 }
 
-// Products smaller than this (bytes of W) run on the calling thread only.
-constexpr int64_t kParallelBytes = 1 << 20;
+// Products smaller than this (bytes of W) run on the calling thread only;
+// tf_set_parallel_bytes changes it (a huge value: never split).
+std::atomic<int64_t> g_parallel_bytes{1 << 20};
 
 template <typename W>
 void Matmul(ffi::ThreadPool* pool, const float* xs, int64_t R, int64_t K,
             const W* w, int64_t N, float* y, int64_t ldy) {
   Isa isa = CurrentIsa();
   int64_t n_panels = (N + kPanel - 1) / kPanel;
-  bool parallel = K * N * static_cast<int64_t>(sizeof(W)) >= kParallelBytes;
+  bool parallel =
+      K * N * static_cast<int64_t>(sizeof(W)) >= g_parallel_bytes.load();
   ParallelFor(parallel ? pool : nullptr, n_panels, [=](int64_t p) {
     int64_t n0 = p * kPanel;
     Panel(isa, xs, R, K, w, N, y, ldy, n0, std::min(N, n0 + kPanel));
@@ -443,4 +477,11 @@ extern "C" int tf_set_isa(int level) {
   int best = static_cast<int>(DetectIsa());
   if (level >= 0) g_isa.store(std::min(level, best));
   return g_isa.load();
+}
+
+// Bytes of W from which a product is split over the thread pool; a
+// negative value keeps it. Returns the value in use.
+extern "C" int64_t tf_set_parallel_bytes(int64_t bytes) {
+  if (bytes >= 0) g_parallel_bytes.store(bytes);
+  return g_parallel_bytes.load();
 }

@@ -40,12 +40,12 @@ MAX_FFI_ROWS = 64
 
 def quantize_rows(w):
   """(int8 q, float32 scales) with w[i] ~= q[i] * scales[i] (symmetric)."""
-  w = np.asarray(w, np.float32)
-  scale = np.abs(w).max(axis=tuple(range(1, w.ndim)))
-  scale = np.where(scale > 0, scale / 127.0, 1.0).astype(np.float32)
-  q = np.clip(np.rint(w / scale.reshape((-1,) + (1,) * (w.ndim - 1))),
-              -127, 127).astype(np.int8)
-  return jnp.asarray(q), jnp.asarray(scale)
+  w = jnp.asarray(w, jnp.float32)
+  scale = jnp.abs(w).max(axis=tuple(range(1, w.ndim)))
+  scale = jnp.where(scale > 0, scale / 127.0, 1.0).astype(jnp.float32)
+  q = jnp.clip(jnp.rint(w / scale.reshape((-1,) + (1,) * (w.ndim - 1))),
+               -127, 127).astype(jnp.int8)
+  return q, scale
 
 
 def _store(w, storage):
