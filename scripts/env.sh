@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Creates (or reuses) .venv with the pinned, tested stack. Idempotent: it
-# reinstalls only when setup.py or constraints.txt changed.
+# reinstalls only when setup.py, pyproject.toml, constraints.txt or the kernel
+# sources changed.
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 venv="$root/.venv"
