@@ -1,5 +1,32 @@
 """terraformer: Scaling Transformers and the Terraformer as Trax combinators."""
+import importlib.util
+import os
+
 import setuptools
+
+
+def _xla_ffi_include():
+  """jaxlib's XLA FFI headers (jax.ffi.include_dir()), found without
+  importing jax; jaxlib is a build requirement (pyproject.toml)."""
+  spec = importlib.util.find_spec('jaxlib')
+  if spec is None or not spec.submodule_search_locations:
+    return None
+  include = os.path.join(list(spec.submodule_search_locations)[0], 'include')
+  return include if os.path.isdir(include) else None
+
+
+# The fused decode kernels (terraformer/kernels, issue 22), called through
+# jax.ffi: a plain shared library loaded with ctypes. Optional: without a
+# compiler or the headers the install goes on and decoding keeps XLA's path.
+_include = _xla_ffi_include()
+_kernels = [setuptools.Extension(
+    'terraformer.kernels._decode_kernels',
+    sources=['terraformer/kernels/decode_kernels.cc'],
+    include_dirs=[_include] if _include else [],
+    language='c++',
+    extra_compile_args=['-O3', '-std=c++17', '-fno-math-errno'],
+    optional=True,
+)] if _include else []
 
 setuptools.setup(
     name='terraformer',
@@ -7,6 +34,7 @@ setuptools.setup(
     description=('Sparse is Enough in Scaling Transformers (Jaszczur et al.): '
                  'sparse layers, Scaling Transformer and Terraformer in Trax.'),
     packages=setuptools.find_packages(include=['terraformer', 'terraformer.*']),
+    ext_modules=_kernels,
     python_requires='>=3.11,<3.12',
     install_requires=[
         'trax==1.4.1',

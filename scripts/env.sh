@@ -1,11 +1,15 @@
 #!/usr/bin/env bash
 # Creates (or reuses) .venv with the pinned, tested stack. Idempotent: it
-# reinstalls only when setup.py or constraints.txt changed.
+# reinstalls only when setup.py, pyproject.toml, constraints.txt or the kernel
+# sources changed.
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 venv="$root/.venv"
 stamp="$venv/.terraformer-stamp"
-want="$(cat "$root/setup.py" "$root/constraints.txt" | sha256sum | cut -d' ' -f1)"
+# The decode kernels (terraformer/kernels/*.cc) are compiled by the install:
+# a changed source reinstalls too.
+want="$(cat "$root/setup.py" "$root/pyproject.toml" "$root/constraints.txt" \
+  "$root"/terraformer/kernels/*.cc | sha256sum | cut -d' ' -f1)"
 
 if [[ -f "$stamp" && "$(cat "$stamp")" == "$want" ]]; then
   exit 0

@@ -107,10 +107,12 @@ def spec_from_gin(name, fit_blocks=None):
   n_blocks = n_blocks_of(kwargs)
   model = model_fn(mode='predict', **overrides)
   decode_step.check_model(model)
+  options = decode_step.bind_options(model)  # This config's kernels/storage.
   base = None
   if kwarg and n_blocks:
     base = model_fn(mode='predict', **dict(
         overrides, **_base_overrides(kwargs, kwarg)))
+    decode_step.bind_options(base, options)
   return decode_speed.ModelSpec(name, model, base, n_blocks)
 
 
@@ -365,6 +367,10 @@ def format_table(report):
       f" bound = bytes read per token / {report['bandwidth_gbps']:.1f} GB/s "
       '(GEMV, measured in this run); ms/block and MB/block: (model - model '
       'without decoder blocks) / blocks')
+  paths = [f"{r['name']}: {r['decode_path']}" for r in models
+           if r.get('decode_path') not in (None, 'xla')]
+  if paths:
+    lines.append('decode path (others: xla): ' + '; '.join(paths))
   return '\n'.join(lines)
 
 
@@ -419,6 +425,59 @@ def json_report(report):
 
 # ---------------------------------------------------------------------------
 # XLA operations per decoder block.
+
+
+def agreement(configs, parse, tokens=32, prompt_len=16, seed=0, log=print):
+  """Logits of each configuration against the first's, same random weights.
+
+  Every model gets the weights `decode_speed.random_weights(seed)` (then its
+  own decode storage: bf16/int8 for kernel configs) and decodes `tokens`
+  tokens after the same prompt; the others are fed the first model's greedy
+  tokens, so logits are compared position by position. One model at a time
+  is held in memory.
+
+  Returns:
+    list of dicts: name, config, decode_path, max_abs_logit_delta (vs the
+    first), greedy_agreement (fraction of positions with the first's
+    argmax), max_abs_logit (the first's, for scale).
+  """
+  results, reference = [], None
+  for name, config in configs:
+    parse(config, [])
+    spec = spec_from_gin(name)
+    log(f'agreement: {name}...')
+    timer = decode_speed.DecodeTimer(spec.model, tokens, prompt_len, seed)
+    del spec
+    logits, own = timer.logits(None if reference is None else reference[1])
+    path = timer.decode_path
+    timer.close()
+    del timer
+    gc.collect()
+    if reference is None:
+      reference = (logits, own)
+    ref_logits, ref_tokens = reference
+    results.append({
+        'name': name, 'config': config, 'decode_path': path,
+        'max_abs_logit_delta': float(np.abs(logits - ref_logits).max()),
+        'greedy_agreement': float(np.mean(np.asarray(own) ==
+                                          np.asarray(ref_tokens))),
+        'max_abs_logit': float(np.abs(ref_logits).max()),
+        'tokens': tokens})
+  return results
+
+
+def format_agreement(results):
+  rows = [['model', 'decode path', 'max |delta logit|', 'greedy agreement']]
+  for r in results:
+    rows.append([r['name'], r['decode_path'],
+                 f"{r['max_abs_logit_delta']:.3g}",
+                 f"{r['greedy_agreement']:.3f}"])
+  lines = _aligned(rows)
+  first = results[0]
+  lines.append(f"vs {first['name']}: {first['tokens']} tokens fed its greedy "
+               f"choices, same random weights (its max |logit| "
+               f"{first['max_abs_logit']:.3g})")
+  return '\n'.join(lines)
 
 
 def xla_ops(configs, parse, blocks=(1, 3), prompt_len=16, log=print):

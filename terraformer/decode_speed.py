@@ -138,10 +138,12 @@ def _leaf_layer_bytes(layer, weights, state, position, n_tokens,
   if isinstance(layer, SparseFF):
     # Controller (C1, C2, c), b2; one row of W1ᵀ and W2 per block per token
     # (SparseFF._forward_selected_rows).
-    c1, c2, c, w1t, w2, b2 = weights
+    c1, c2, c, w1t, w2, b2 = weights[:6]
     rows = n_tokens * layer.n_blocks
+    # int8 storage (terraformer/kernels): one scale per selected row too.
+    scales = sum(_row_bytes(s, rows) for s in weights[6:])
     return (_nbytes((c1, c2, c, b2)) + _row_bytes(w1t, rows)
-            + _row_bytes(w2, rows))
+            + _row_bytes(w2, rows) + scales)
   if isinstance(layer, trax_core.Dropout) and layer._mode != 'train':  # pylint: disable=protected-access
     return 0  # Its state (the rate) is only read in train mode.
   if isinstance(layer, trax_core.Embedding):
@@ -244,8 +246,10 @@ def xla_op_counts(model, prompt_len=16):
   weights, state = decode_step.init_shapes(model, signature)
   scalars = lambda tree: jax.tree_util.tree_map(
       lambda s: np.zeros((), s.dtype), tree)
+  step = decode_step.make_step(model)
+  weights = jax.eval_shape(step.store_weights, weights)
   model.weights, model.state = scalars(weights), scalars(state)
-  jitted = decode_step.make_step(model).jitted
+  jitted = step.jitted
   x = jax.tree_util.tree_map(
       lambda s: jax.ShapeDtypeStruct(s.shape, s.dtype), signature)
   rng = jax.random.PRNGKey(0)
@@ -367,7 +371,12 @@ class DecodeTimer:
     self.signature = decode_step.predict_signature(model, prompt_len)
     weight_shapes, self.state_shapes = shapes_ or decode_step.init_shapes(
         model, self.signature)
-    self.weights = random_weights(weight_shapes, seed, model)
+    step = decode_step.make_step(model)
+    # Kernel layers' weights in their decode storage (bf16/int8), if asked.
+    self.weights = step.store_weights(
+        random_weights(weight_shapes, seed, model))
+    self.decode_path = decode_step.describe_options(
+        decode_step.model_options(model))
     self.prompt = jnp.asarray(np.random.default_rng(seed).integers(
         1, 100, size=(1, prompt_len)).astype(np.int32))
     self.rng = jax.random.PRNGKey(seed)
@@ -376,7 +385,7 @@ class DecodeTimer:
     model.weights = self.weights
     model.state = jax.tree_util.tree_map(
         lambda s: np.zeros((), s.dtype), self.state_shapes)
-    self._step = decode_step.make_step(model).jitted
+    self._step = step.jitted
     self.steady_state = None    # State shapes after the first call.
     # Encoder positions primed into a decoder cache (step_bytes).
     self.encoder_len = prompt_len if self.encdec else 0
@@ -422,6 +431,28 @@ class DecodeTimer:
 
   def warm_up(self):
     self.repeat()
+
+  def logits(self, feed=None):
+    """(logits [tokens, vocab] float32, greedy tokens) of one decode.
+
+    Feeds `feed` (tokens of another model's decode) instead of this
+    model's own argmax when given, so that two models' logits are compared
+    at the same positions.
+    """
+    step, weights, rng = self._step, self.weights, self.rng
+    with warnings.catch_warnings():
+      warnings.filterwarnings('ignore', message='Some donated buffers')
+      state, token = self._prime()
+      rows, own = [], []
+      for t in range(self.tokens):
+        x = (self.prompt, token) if self.encdec else token
+        outputs, state = step(x, weights, state, rng)
+        last = _logits(outputs)
+        rows.append(np.asarray(last[0, -1], np.float32))
+        own.append(int(_greedy(last)[0, 0]))
+        token = (jnp.asarray([[feed[t]]], jnp.int32) if feed is not None
+                 else _greedy(last))
+    return np.stack(rows), own
 
   def step_bytes(self):
     """(bytes by layer class, total): step_bytes averaged over the timed
@@ -513,7 +544,8 @@ def time_models(models, tokens=32, prompt_len=16, repeats=5, seed=0,
       by_layer, total = step_bytes_[i]
       results[i] = {'ms_per_token_repeats': times[i],
                     'bytes_by_layer': by_layer, 'bytes_per_token': total,
-                    'n_params': timers[i].n_params}
+                    'n_params': timers[i].n_params,
+                    'decode_path': timers[i].decode_path}
       timers[i].close()
     del timers
     gc.collect()
@@ -566,6 +598,7 @@ def _result(spec, full, base, bandwidth_gbps):
       'bytes_per_token': full['bytes_per_token'],
       'bytes_by_layer': full['bytes_by_layer'],
       'ms_per_block': None, 'bytes_per_block': None,
+      'decode_path': full.get('decode_path'),
   }
   if base is not None:
     base_ms = float(np.median(base['ms_per_token_repeats']))

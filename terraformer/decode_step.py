@@ -16,10 +16,19 @@ step; `terraformer.decode_speed` times it.
 Any model following the project's predict contract works: enc-dec models
 (`n_in == 2`) are called with `(inputs [B, L], prev_token [B, 1])`, the
 first call running the encoder; decoder-only LMs with `prev_token [B, 1]`.
+
+Fused kernels (issue 22, `terraformer/kernels`): the gin switch
+`decode_options.kernels` ('xla' default, or 'ffi') makes the step call
+C++ kernels through XLA's FFI for the sparse FF block, the multiplicative
+dense layers (sparse QKV, sparse loss) and dense layers; 'ffi' falls back
+to XLA's code (with a warning) when the library is not built.
+`decode_options.weights` ('float32', 'bfloat16', 'int8') stores those
+layers' matrices in that type (int8 with per-row scales).
 """
 import copy
 import warnings
 
+import gin
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -27,9 +36,78 @@ from trax import layers as tl
 from trax import shapes
 
 from terraformer import errors
+from terraformer import kernels as kernel_lib
+from terraformer.kernels import layers as kernel_layers
+
+KERNEL_MODES = ('xla', 'ffi')
 
 
-def make_step(model, donate_state=True):
+@gin.configurable(module='terraformer')
+def decode_options(kernels='xla', weights='float32'):
+  """The decode path's gin switches (checked): (kernels, weights).
+
+  kernels: 'xla' (the XLA path) or 'ffi' (the C++ kernels; XLA's code, with
+    a warning, when the library is not built).
+  weights: storage of the kernel layers' matrices: 'float32', 'bfloat16' or
+    'int8' (per-row scales); any kernels mode reads them.
+  """
+  if kernels not in KERNEL_MODES:
+    raise errors.TerraformerError(
+        f'decode_options.kernels must be one of {KERNEL_MODES}, got '
+        f'{kernels!r}')
+  if weights not in kernel_layers.STORAGES:
+    raise errors.TerraformerError(
+        f'decode_options.weights must be one of {kernel_layers.STORAGES}, '
+        f'got {weights!r}')
+  return kernels, weights
+
+
+def kernels_in_use(kernels):
+  """True when `kernels` mode runs the C++ kernels on this install."""
+  return kernels != 'xla' and kernel_lib.available()
+
+
+def describe_options(options=None):
+  """'xla' / 'ffi (avx2)' / 'xla (no kernels: ...)', plus the storage."""
+  kernels, weights = options or decode_options()
+  if kernels == 'xla':
+    path = 'xla'
+  elif kernel_lib.available():
+    path = f'ffi ({kernel_lib.set_isa()})'
+  else:
+    path = 'xla (kernels not built)'
+  return path if weights == 'float32' else f'{path}, {weights} weights'
+
+
+_OPTIONS_ATTR = '_terraformer_decode_options'
+
+
+def bind_options(model, options=None):
+  """Fixes `model`'s decode options now (default: the gin ones), for a step
+  made later under another gin configuration (terraformer-bench)."""
+  setattr(model, _OPTIONS_ATTR, options or decode_options())
+  return getattr(model, _OPTIONS_ATTR)
+
+
+def model_options(model, options=None):
+  """`options`, else those bound to `model`, else the gin ones."""
+  return options or getattr(model, _OPTIONS_ATTR, None) or decode_options()
+
+
+def prepare_model(model, options=None):
+  """Installs the kernel layers the options ask for; returns a function
+  `weights -> stored weights` (identity for the plain XLA float32 path)."""
+  kernels, weights = model_options(model, options)
+  if kernels == 'xla' and weights == 'float32':
+    return lambda w: w
+  if kernels == 'ffi' and not kernel_lib.available():
+    warnings.warn('decode_options.kernels=ffi but the kernels are not '
+                  f'available ({kernel_lib.unavailable_reason()}): XLA path')
+  kernel_layers.install(model, use_ffi=kernels != 'xla')
+  return lambda w: kernel_layers.store_weights(model, w, weights)
+
+
+def make_step(model, donate_state=True, options=None):
   """`step(x, weights, state, rng) -> (outputs, new_state)`, jitted.
 
   `jax.jit(model.pure_fn)` (Trax's `Layer.pure_fn`, what `model(x)` runs):
@@ -40,17 +118,27 @@ def make_step(model, donate_state=True):
   and state of the right tree structure (e.g. after `init`, or
   `model.weights, model.state = weights, state`): Trax's `pure_fn` restores
   them after the call.
+
+  `options` (default: `model_options(model)`) may install kernel layers
+  in `model` and store their weights in bf16/int8: `step` converts the
+  float32 weights it is given once (cached while the same tree is passed);
+  `step.jitted` takes already stored weights (`step.store_weights(w)`).
   """
+  store = prepare_model(model, options)
   jitted = jax.jit(model.pure_fn, donate_argnums=(2,) if donate_state else ())
+  cache = {}
 
   def step(x, weights, state, rng):
+    if cache.get('raw') is not weights:
+      cache['raw'], cache['stored'] = weights, store(weights)
     with warnings.catch_warnings():
       # The first call changes the state's structure (tl.Cache fills in),
       # so some donated buffers cannot be reused there: expected.
       warnings.filterwarnings('ignore', message='Some donated buffers')
-      return jitted(x, weights, state, rng)
+      return jitted(x, cache['stored'], state, rng)
 
   step.jitted = jitted
+  step.store_weights = store
   return step
 
 

@@ -155,6 +155,34 @@ def test_run_report_is_consistent(tmp_path):
   assert json.loads(text)['models'][1]['name'] == 'sparse'
 
 
+INT8_KERNELS = """
+decode_options.kernels = 'ffi'
+decode_options.weights = 'int8'
+"""
+
+
+def test_kernel_configs_report_their_path_bytes_and_agreement():
+  """gin decode_options per model: the int8 kernel model reads fewer bytes,
+  says so, and stays close to the float32 XLA model's logits."""
+  texts = {'xla': LM + SPARSE, 'int8': LM + SPARSE + INT8_KERNELS}
+  parse = lambda name, extra: _parse(texts[name])
+  report = benchmark.run([(k, k) for k in texts], parse, tokens=2,
+                         prompt_len=3, repeats=1, log=lambda _: None)
+  xla, int8 = report['models']
+  assert xla['decode_path'] == 'xla'
+  assert int8['decode_path'].startswith('ffi (') and 'int8' in int8[
+      'decode_path']
+  assert int8['bytes_per_token'] < xla['bytes_per_token']
+  assert 'int8' in benchmark.format_table(report).splitlines()[-1]
+  rows = benchmark.agreement([(k, k) for k in texts], parse, tokens=6,
+                             prompt_len=3, log=lambda _: None)
+  assert rows[0]['max_abs_logit_delta'] == 0
+  assert rows[0]['greedy_agreement'] == 1
+  assert 0 < rows[1]['max_abs_logit_delta'] < 0.05 * rows[0]['max_abs_logit']
+  assert 0 <= rows[1]['greedy_agreement'] <= 1
+  assert 'int8' in benchmark.format_agreement(rows)
+
+
 def test_plot_sweep_writes_png(tmp_path):
   rows = []
   for d, speedup in ((32, 1.5), (64, 2.0)):

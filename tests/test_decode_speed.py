@@ -266,3 +266,21 @@ def test_op_counts_include_the_branch_a_conditional_runs():
   assert counts.get('dot', 0) + counts.get('fusion', 0) >= 3
   entry_only = text[text.index('\nENTRY'):]
   assert ' dot(' not in entry_only.split('\n}')[0]
+
+
+def test_int8_sparse_ff_step_bytes_match_hand_count():
+  """int8 storage (terraformer/kernels): a selected row is D bytes + its
+  float32 scale, for W1ᵀ and W2 each."""
+  from terraformer.kernels import layers as kernel_layers  # pylint: disable=g-import-not-at-top
+  from terraformer.layers.sparse_ff import SparseFF  # pylint: disable=g-import-not-at-top
+  layer = SparseFF(D_FF, N, LOWRANK, mode='predict')
+  weights, state = layer.init(shapes.ShapeDtype((1, 1, D), np.float32))
+  kernel_layers.install(layer)
+  stored = kernel_layers.store_weights(layer, weights, 'int8')
+  blocks = D_FF // N
+  expected = ((D * LOWRANK + LOWRANK * D_FF + D_FF + D) * F32
+              + 2 * blocks * (D * 1 + F32))
+  assert decode_speed.step_bytes(layer, stored, state, 0) == {
+      'KernelSparseFF': expected}
+  f32 = decode_speed.step_bytes(layer, weights, state, 0)['KernelSparseFF']
+  assert f32 - expected == 2 * blocks * (D * (F32 - 1) - F32)

@@ -5,6 +5,7 @@
       [--compare_trax] [--project_layers=L [--fit_blocks=B]]
   terraformer-bench --trax_user_path --config_file=F [...] [--tokens=N]
   terraformer-bench --xla_ops --config_file=F [...]
+  terraformer-bench --agreement --config_file=F --config_file=G [...]
   terraformer-bench --profile_dir=DIR --config_file=F [...] [--tokens=N]
   terraformer-bench --sweep [--config_file=DENSE --config_file=SPARSE]
       [--sweep_d_models=512,1024,2048,4096] [--plot=PATH] [--json=PATH]
@@ -29,6 +30,10 @@ bytes to L decoder blocks, beside the paper's seconds (the config's
 PAPER_DECODE_SECONDS). --trax_user_path times whole decode calls instead:
 terraformer.decoding.decode next to Trax's own autoregressive_sample.
 --xla_ops counts the XLA operations per decoder block of each model's step.
+--agreement compares each model's logits with the first's (same random
+weights, fed the first's greedy tokens): max |delta logit| and greedy
+agreement, e.g. of the fused kernels (gin/bench/800m_*_kernels*.gin,
+`decode_options`) with bf16/int8 weights against float32.
 --profile_dir=DIR writes a jax.profiler trace of --tokens decoding steps of
 each model (after an untimed warm-up, so no compilation in it) under DIR,
 one run folder per model (view with TensorBoard's profile plugin, or open
@@ -72,6 +77,11 @@ def _define_flags(flag_values):
                      'Models held (and timed interleaved) at once; default '
                      '40% of the available memory.', lower_bound=0.1,
                      flag_values=flag_values)
+  flags.DEFINE_bool('agreement', False,
+                    'Compare each model\'s logits with the first model\'s '
+                    '(same random weights): max |delta logit| and greedy '
+                    'agreement over --tokens tokens.',
+                    flag_values=flag_values)
   flags.DEFINE_bool('xla_ops', False,
                     'Count the XLA operations per decoder block of each '
                     'model (compiled from shapes; nothing is timed).',
@@ -199,6 +209,14 @@ def _bench(flag_values, model_files):
     report = _profile(configs, parse, flag_values)
     for r in report:
       print(f"{r['name']:<28} trace of {r['tokens']} steps: {r['trace_dir']}")
+  elif flag_values.agreement:
+    if len(configs) < 2:
+      raise errors.TerraformerError(
+          '--agreement needs two or more models (the first is the reference)')
+    report = benchmark.agreement(configs, parse, flag_values.tokens,
+                                 flag_values.prompt_len, flag_values.seed,
+                                 log=_log)
+    print(benchmark.format_agreement(report))
   elif flag_values.xla_ops:
     if not configs:
       raise errors.TerraformerError('at least one --config_file is required')

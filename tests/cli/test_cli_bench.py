@@ -76,6 +76,8 @@ def test_split_config_files():
       '--sweep_d_models=32,big'], ['--sweep_d_models']),
     (['--config_file={dense}', '--tokens=0'], ['tokens']),
     (['--config_file={sparse}'], ['no model configured']),
+    (['--config_file={dense}', '--agreement'],
+     ['--agreement needs two or more']),
 ])
 def test_errors(tmp_path, capsys, args, parts):
   dense, sparse = _configs(tmp_path)
@@ -91,6 +93,26 @@ def test_help(capsys):
   assert code == 0
   assert 'compare_trax' in out and 'sweep_d_models' in out
   assert 'EACH --config_file is one model' in out
+
+
+@pytest.mark.slow
+def test_agreement_table_and_json(tmp_path, capsys):
+  dense, sparse = _configs(tmp_path)
+  bf16 = tmp_path / 'bf16.gin'
+  bf16.write_text("decode_options.kernels = 'ffi'\n"
+                  "decode_options.weights = 'bfloat16'\n")
+  path = tmp_path / 'agreement.json'
+  code, out, err = _run(capsys, '--agreement',
+                        f'--config_file={dense}+{sparse}',
+                        f'--config_file={dense}+{sparse}+{bf16}',
+                        '--tokens=4', '--prompt_len=3', f'--json={path}')
+  assert code == 0, err
+  rows = out.splitlines()
+  assert rows[0].split()[:3] == ['model', 'decode', 'path']
+  assert rows[2].split()[0] == 'dense+sparse+bf16'
+  report = json.loads(path.read_text())
+  assert [r['max_abs_logit_delta'] == 0 for r in report] == [True, False]
+  assert 'bfloat16' in report[1]['decode_path']
 
 
 @pytest.mark.slow

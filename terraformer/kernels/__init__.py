@@ -1,0 +1,123 @@
+"""Fused C++ decode kernels called through XLA's FFI (issue 22).
+
+`decode_kernels.cc` is compiled by `pip install -e .` (setup.py) into
+`_decode_kernels*.so` next to this file. It is loaded with ctypes and its
+handlers registered with `jax.ffi` on first use; `available()` is False when
+the library was not built (or fails to load), and callers then keep the XLA
+path: importing this package never needs the library.
+
+  skinny_matmul(x, g, w, scale, bias)  y[t, s*N+n] = sum_k x g[s] scale W
+  sparse_ff(x, c1, c2, c, w1t, w2, b2, s1, s2, block)   a sparse FF block
+"""
+import ctypes
+import glob
+import os
+
+import jax
+import jax.numpy as jnp
+
+_HERE = os.path.dirname(os.path.abspath(__file__))
+_LIB_GLOB = '_decode_kernels*.so'
+ISA_NAMES = ('scalar', 'avx2', 'avx512')
+
+_state = {'lib': None, 'tried': False, 'error': None}
+
+
+def library_path():
+  """Path of the built library, or None."""
+  found = sorted(glob.glob(os.path.join(_HERE, _LIB_GLOB)))
+  return found[0] if found else None
+
+
+def _load():
+  if _state['tried']:
+    return _state['lib']
+  _state['tried'] = True
+  path = os.environ.get('TERRAFORMER_KERNELS_LIB') or library_path()
+  if path is None:
+    _state['error'] = (f'no {_LIB_GLOB} in {_HERE}: build it with '
+                       '`pip install -e .` (scripts/env.sh)')
+    return None
+  try:
+    lib = ctypes.CDLL(path)
+    for name in ('tf_skinny_matmul', 'tf_sparse_ff'):
+      jax.ffi.register_ffi_target(
+          name, jax.ffi.pycapsule(getattr(lib, name)), platform='cpu')
+    lib.tf_set_isa.argtypes = [ctypes.c_int]
+    lib.tf_set_isa.restype = ctypes.c_int
+    lib.tf_set_parallel_bytes.argtypes = [ctypes.c_int64]
+    lib.tf_set_parallel_bytes.restype = ctypes.c_int64
+  except (OSError, AttributeError) as e:
+    _state['error'] = f'cannot load {path}: {e}'
+    return None
+  _state['lib'] = lib
+  return lib
+
+
+def available():
+  """True when the compiled kernels are loaded and registered."""
+  return _load() is not None
+
+
+def unavailable_reason():
+  """Why `available()` is False (None when it is True)."""
+  _load()
+  return _state['error']
+
+
+def set_isa(name=None):
+  """Instruction set the kernels use ('scalar', 'avx2', 'avx512'); None
+  keeps it. A set this CPU lacks falls back to the best it has. Returns the
+  one in use."""
+  lib = _load()
+  if lib is None:
+    raise RuntimeError(unavailable_reason())
+  level = -1 if name is None else ISA_NAMES.index(name)
+  return ISA_NAMES[lib.tf_set_isa(level)]
+
+
+def set_parallel_bytes(n_bytes=None):
+  """Weight bytes from which a product is split over XLA's CPU thread pool
+  (default 1 MiB; a huge value keeps every call on one thread). None keeps
+  it. Returns the value in use."""
+  lib = _load()
+  if lib is None:
+    raise RuntimeError(unavailable_reason())
+  return lib.tf_set_parallel_bytes(-1 if n_bytes is None else int(n_bytes))
+
+
+def _require():
+  if _load() is None:
+    raise RuntimeError(unavailable_reason())
+
+
+def _f32(a):
+  return jnp.asarray(a, jnp.float32)
+
+
+def skinny_matmul(x, w, g=None, scale=None, bias=None):
+  """[..., K] -> [..., S * N]: y[s*N + n] = sum_k x[k] g[s,k] scale[k] W[k,n].
+
+  `w` [K, N] float32, bfloat16 or int8; `g` [S, K] (default ones [1, K]);
+  `scale` [K] per-row scales of `w` (int8); `bias` [S * N].
+  """
+  _require()
+  k, n = w.shape
+  g = jnp.ones((1, k), jnp.float32) if g is None else _f32(g)
+  scale = jnp.ones((k,), jnp.float32) if scale is None else _f32(scale)
+  bias = jnp.zeros((1,), jnp.float32) if bias is None else _f32(bias)
+  lead = x.shape[:-1]
+  out = jax.ShapeDtypeStruct(lead + (g.shape[0] * n,), jnp.float32)
+  return jax.ffi.ffi_call('tf_skinny_matmul', out)(_f32(x), g, scale, w, bias)
+
+
+def sparse_ff(x, c1, c2, c, w1t, w2, b2, block, s1=None, s2=None):
+  """The predict-mode sparse FF block (paper §3.1) of tokens x [..., d]."""
+  _require()
+  ones = jnp.ones((w1t.shape[0],), jnp.float32)
+  s1 = ones if s1 is None else _f32(s1)
+  s2 = ones if s2 is None else _f32(s2)
+  out = jax.ShapeDtypeStruct(x.shape, jnp.float32)
+  return jax.ffi.ffi_call('tf_sparse_ff', out)(
+      _f32(x), _f32(c1), _f32(c2), _f32(c), w1t, w2, _f32(b2), s1, s2,
+      block=int(block))

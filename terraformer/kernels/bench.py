@@ -1,0 +1,89 @@
+"""Kernel vs XLA timings of the layers the decode kernels replace.
+
+  python -m terraformer.kernels.bench [--repeats=21] [--cases=800m_loss,...]
+
+Each layer of the 800M / 17B shapes, random weights, one token: XLA's
+predict-mode code (float32) and the kernel layer with float32, bfloat16 and
+int8 weights, called in turn (interleaved, so they share the machine's
+noise); min and median ms over the repeats, and the weight bytes a call
+reads over the GEMV bandwidth measured in the same process (x bound).
+"""
+import argparse
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from trax import shapes
+
+from terraformer import decode_speed
+from terraformer import kernels
+from terraformer.kernels import layers as kernel_layers
+from terraformer.layers.multiplicative_dense import MultiplicativeDense
+from terraformer.layers.sparse_ff import SparseFF
+
+# name: (layer factory, d_model); the shapes of gin/scaling_800m and
+# gin/bench/17b_*.gin (loss sparsity S = 4 over vocab 32100; FF N = 64).
+CASES = {
+    '800m_loss': (lambda: MultiplicativeDense(4, 8025, use_bias=True), 1024),
+    '800m_ff': (lambda: SparseFF(6144, 64, 64, mode='predict'), 1024),
+    '17b_loss': (lambda: MultiplicativeDense(4, 8025, use_bias=True), 9216),
+}
+VARIANTS = (('xla f32', None), ('ffi f32', 'float32'),
+            ('ffi bf16', 'bfloat16'), ('ffi int8', 'int8'))
+
+
+def _calls(make, x):
+  """{variant: (call, bytes of weights read)}."""
+  calls = {}
+  for name, storage in VARIANTS:
+    layer = make()
+    weights, state = layer.init(shapes.signature(x),
+                                rng=jax.random.PRNGKey(0))
+    if storage is not None:
+      kernel_layers.install(layer)
+      weights = kernel_layers.store_weights(layer, weights, storage)
+    n_bytes = sum(decode_speed.step_bytes(layer, weights, state, 0).values())
+    fn = jax.jit(layer.pure_fn)
+    calls[name] = ((lambda f=fn, w=weights, s=state:
+                    f(x, w, s, jax.random.PRNGKey(0))[0]), n_bytes)
+  return calls
+
+
+def _time(calls, repeats):
+  for call, _ in calls.values():
+    jax.block_until_ready(call())
+  times = {k: [] for k in calls}
+  for _ in range(repeats):
+    for k, (call, _) in calls.items():
+      start = time.perf_counter()
+      jax.block_until_ready(call())
+      times[k].append(1e3 * (time.perf_counter() - start))
+  return times
+
+
+def main(argv=None):
+  parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
+  parser.add_argument('--repeats', type=int, default=21)
+  parser.add_argument('--cases', default=','.join(CASES))
+  args = parser.parse_args(argv)
+  if not kernels.available():
+    raise SystemExit(f'kernels not available: {kernels.unavailable_reason()}')
+  gbps, _ = decode_speed.gemv_bandwidth()
+  print(f'kernels: {kernels.set_isa()}; GEMV {gbps:.1f} GB/s (median)')
+  for case in args.cases.split(','):
+    make, d = CASES[case]
+    x = jnp.full((1, 1, d), 0.1, jnp.float32)
+    calls = _calls(make, x)
+    times = _time(calls, args.repeats)
+    base = np.median(times['xla f32'])
+    for k, t in times.items():
+      n_bytes = calls[k][1]
+      bound = 1e3 * n_bytes / (gbps * 1e9)
+      print(f'{case:<10} {k:<9} min {min(t):8.2f}  median {np.median(t):8.2f}'
+            f' ms  {n_bytes / 1e6:7.1f} MB  x bound {np.median(t) / bound:5.2f}'
+            f'  vs xla {base / np.median(t):5.2f}x', flush=True)
+
+
+if __name__ == '__main__':
+  main()

@@ -1,0 +1,222 @@
+"""Predict-mode layers that run the fused kernels, and weight storage.
+
+`install(model, use_ffi, storage)` turns the decoding copies of three layer
+kinds into kernel-backed subclasses (their weights, names and every other
+behaviour stay the same; only the predict-mode forward changes):
+
+  SparseFF (predict)   -> KernelSparseFF              tf_sparse_ff
+  MultiplicativeDense  -> KernelMultiplicativeDense   tf_skinny_matmul
+                          (sparse QKV's and the sparse loss's, §3.2-3.3)
+  tl.Dense             -> KernelDense                 tf_skinny_matmul
+
+`store_weights(model, weights, storage)` then converts those layers' large
+matrices (W1ᵀ and W2 of SparseFF, E of MultiplicativeDense, W of Dense) to
+bfloat16, or to int8 with one float32 scale per row (appended after the
+layer's own weights: scaled rows of W1ᵀ/W2 are units, rows of E and W are
+input features, whose scales fold into the input). Controllers, biases,
+embeddings and attention caches stay float32.
+
+Each layer calls its kernel when `use_ffi` and the library is loaded
+(`terraformer.kernels.available()`) and the step has at most MAX_FFI_ROWS
+rows (tokens x modules); otherwise it runs the XLA code of its parent class
+on dequantized weights (first calls over a whole prompt, missing library).
+Training never sees these classes: only predict-mode models are installed.
+"""
+import jax
+import jax.numpy as jnp
+import numpy as np
+from trax import layers as tl
+from trax.layers import combinators as trax_combinators
+from trax.layers import core as trax_core
+
+from terraformer import kernels
+from terraformer.layers.multiplicative_dense import MultiplicativeDense
+from terraformer.layers.sparse_ff import SparseFF
+
+STORAGES = ('float32', 'bfloat16', 'int8')
+# Most rows (tokens x modules) a kernel call takes; more go through XLA.
+MAX_FFI_ROWS = 64
+
+
+def quantize_rows(w):
+  """(int8 q, float32 scales) with w[i] ~= q[i] * scales[i] (symmetric)."""
+  w = jnp.asarray(w, jnp.float32)
+  scale = jnp.abs(w).max(axis=tuple(range(1, w.ndim)))
+  scale = jnp.where(scale > 0, scale / 127.0, 1.0).astype(jnp.float32)
+  q = jnp.clip(jnp.rint(w / scale.reshape((-1,) + (1,) * (w.ndim - 1))),
+               -127, 127).astype(jnp.int8)
+  return q, scale
+
+
+def _store(w, storage):
+  """(stored matrix, [scales]) of a float32 matrix."""
+  if storage == 'float32':
+    return w, ()
+  if storage == 'bfloat16':
+    return jnp.asarray(w, jnp.bfloat16), ()
+  q, s = quantize_rows(w)
+  return q, (s,)
+
+
+def _load(w, scale):
+  """The float32 matrix a stored one stands for (XLA fallback)."""
+  w = w.astype(jnp.float32)
+  if scale is None:
+    return w
+  return w * scale.reshape((-1,) + (1,) * (w.ndim - 1))
+
+
+class _KernelMixin:
+  """Holds the per-layer switch; set by `install`."""
+  _tf_use_ffi = False
+
+  def _ffi(self, rows):
+    return self._tf_use_ffi and rows <= MAX_FFI_ROWS and kernels.available()
+
+
+class KernelSparseFF(_KernelMixin, SparseFF):
+  """SparseFF whose predict-mode step is one `tf_sparse_ff` call.
+
+  Weights (C1, C2, c, W1ᵀ, W2, b2[, s1, s2]): int8 storage appends the row
+  scales of W1ᵀ and W2.
+  """
+
+  def _forward_selected_rows(self, x):
+    c1, c2, c, w1t, w2, b2 = self.weights[:6]
+    s1, s2 = (self.weights[6:8] if len(self.weights) == 8 else (None, None))
+    tokens = int(np.prod(x.shape[:-1]))
+    if self._ffi(tokens):
+      return kernels.sparse_ff(x, c1, c2, c, w1t, w2, b2, self._n_block,
+                               s1, s2).astype(x.dtype)
+    saved = self.weights
+    self.weights = (c1, c2, c, _load(w1t, s1), _load(w2, s2), b2)
+    try:
+      return super()._forward_selected_rows(x)
+    finally:
+      self.weights = saved
+
+  def store(self, weights, storage):
+    c1, c2, c, w1t, w2, b2 = weights
+    w1t, s1 = _store(w1t, storage)
+    w2, s2 = _store(w2, storage)
+    return (c1, c2, c, w1t, w2, b2) + s1 + s2
+
+
+class KernelMultiplicativeDense(_KernelMixin, MultiplicativeDense):
+  """MultiplicativeDense as one `tf_skinny_matmul` call per step.
+
+  Weights (D, E[, b][, scales of E's rows]).
+  """
+
+  def _split(self):
+    w = self.weights
+    n = 3 if self._use_bias else 2
+    d, e = w[0], w[1]
+    bias = w[2] if self._use_bias else None
+    scale = w[n] if len(w) > n else None
+    return d, e, bias, scale
+
+  def forward(self, x):
+    d, e, bias, scale = self._split()
+    rows = int(np.prod(x.shape[:-1])) * self._n_modules
+    if self._ffi(rows):
+      return kernels.skinny_matmul(x, e, d, scale, bias).astype(x.dtype)
+    saved = self.weights
+    self.weights = (d, _load(e, scale)) + ((bias,) if self._use_bias else ())
+    try:
+      return super().forward(x)
+    finally:
+      self.weights = saved
+
+  def store(self, weights, storage):
+    e, s = _store(weights[1], storage)
+    return (weights[0], e) + tuple(weights[2:]) + s
+
+
+class KernelDense(_KernelMixin, trax_core.Dense):
+  """tl.Dense as one `tf_skinny_matmul` call per step.
+
+  Weights (W[, b][, scales of W's rows]); W alone when it has no bias and
+  is stored as a float.
+  """
+
+  def _split(self):
+    w = self.weights
+    if not isinstance(w, (tuple, list)):
+      return w, None, None
+    n = 2 if self._use_bias else 1
+    return w[0], (w[1] if self._use_bias else None), (
+        w[n] if len(w) > n else None)
+
+  def forward(self, x):
+    w, bias, scale = self._split()
+    if self._ffi(int(np.prod(x.shape[:-1]))):
+      return kernels.skinny_matmul(x, w, None, scale, bias).astype(x.dtype)
+    y = jnp.dot(x, _load(w, scale))
+    return y if bias is None else y + bias
+
+  def store(self, weights, storage):
+    if not isinstance(weights, (tuple, list)):
+      weights = (weights,)
+    w, s = _store(weights[0], storage)
+    return (w,) + tuple(weights[1:]) + s
+
+
+_KERNEL_CLASSES = {MultiplicativeDense: KernelMultiplicativeDense,
+                   trax_core.Dense: KernelDense}
+
+
+def _kernel_class(layer):
+  if isinstance(layer, _KernelMixin):
+    return type(layer)
+  if type(layer) is SparseFF and layer._mode == 'predict':  # pylint: disable=protected-access
+    return KernelSparseFF
+  return _KERNEL_CLASSES.get(type(layer))
+
+
+def install(model, use_ffi=True):
+  """Makes `model`'s kernel-capable layers kernel-backed; returns how many.
+
+  Changes the layers' classes in place (the model must be a predict-mode
+  model used for decoding only). `use_ffi=False` keeps XLA's code (the
+  classes still read bf16/int8 storage).
+  """
+  count = 0
+
+  def walk(layer):
+    nonlocal count
+    cls = _kernel_class(layer)
+    if cls is not None:
+      layer.__class__ = cls
+      layer._tf_use_ffi = use_ffi  # pylint: disable=protected-access
+      count += 1
+    for sub in layer.sublayers:
+      walk(sub)
+
+  walk(model)
+  return count
+
+
+def store_weights(model, weights, storage):
+  """`weights` with the kernel layers' matrices in `storage` (installed
+  model). Layers under tl.Cache (run on the first call only: the encoder)
+  keep float32."""
+  if storage not in STORAGES:
+    raise ValueError(f'weight storage must be one of {STORAGES}, got '
+                     f'{storage!r}')
+  if storage == 'float32':
+    return weights
+
+  def walk(layer, w, cached):
+    if isinstance(w, dict) and w == tl.GET_WEIGHTS_FROM_CACHE:
+      return w
+    cached = cached or isinstance(layer, trax_combinators.Cache)
+    subs = layer.sublayers
+    if subs and isinstance(w, (tuple, list)) and len(w) == len(subs):
+      return type(w)(walk(s, sw, cached) for s, sw in zip(subs, w))
+    if isinstance(layer, _KernelMixin) and not cached and not subs:
+      return layer.store(w, storage)
+    return w
+
+  return walk(model, weights, False)
+

@@ -1,0 +1,167 @@
+"""The fused decode kernels (terraformer/kernels): equal to the XLA path.
+
+Tiny shapes. The library must be built (`pip install -e .`): these tests
+fail, not skip, without it, except the one that removes it on purpose.
+"""
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from trax import shapes
+
+from terraformer import decode_step
+from terraformer import kernels
+from terraformer.kernels import layers as kernel_layers
+from terraformer.layers.sparse_ff import SparseFF
+from terraformer.models import ScalingTransformer
+from terraformer.models import ScalingTransformerLM
+
+
+def _require_kernels():
+  assert kernels.available(), kernels.unavailable_reason()
+
+
+@pytest.fixture
+def isa():
+  """Restores the best instruction set after a test that changes it."""
+  _require_kernels()
+  yield kernels.set_isa
+  kernels.set_isa('avx512')
+
+
+def _isa_or_skip(set_isa, name):
+  used = set_isa(name)
+  if used != name:
+    pytest.skip(f'this CPU lacks {name} (kernels use {used})')
+
+
+@pytest.mark.parametrize('name', kernels.ISA_NAMES)
+@pytest.mark.parametrize('dtype', ['float32', 'bfloat16', 'int8'])
+def test_skinny_matmul_equals_numpy(isa, name, dtype):
+  _isa_or_skip(isa, name)
+  rng = np.random.default_rng(0)
+  # N = 37 and K = 13: vector tails in both directions; T x S = 6 rows.
+  t, s, k, n = 2, 3, 13, 37
+  x = rng.standard_normal((t, k)).astype(np.float32)
+  g = rng.standard_normal((s, k)).astype(np.float32)
+  w = rng.standard_normal((k, n)).astype(np.float32)
+  b = rng.standard_normal((s * n,)).astype(np.float32)
+  stored, scales = kernel_layers._store(jnp.asarray(w), dtype)  # pylint: disable=protected-access
+  scale = scales[0] if scales else None
+  dense = np.asarray(kernel_layers._load(stored, scale), np.float64)  # pylint: disable=protected-access
+  expected = (np.einsum('tk,sk,kn->tsn', x.astype(np.float64), g, dense)
+              .reshape(t, s * n) + b)
+  got = jax.jit(kernels.skinny_matmul)(x, stored, g, scale, b)
+  np.testing.assert_allclose(np.asarray(got), expected, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize('name', kernels.ISA_NAMES)
+def test_sparse_ff_kernel_equals_xla_layer(isa, name):
+  _isa_or_skip(isa, name)
+  layer = SparseFF(96, n_elements_in_block=8, d_lowrank=4, mode='predict')
+  x = jax.random.normal(jax.random.PRNGKey(3), (1, 1, 40))
+  layer.init(shapes.signature(x), rng=jax.random.PRNGKey(4))
+  expected = layer(x)
+  assert kernel_layers.install(layer) == 1
+  assert isinstance(layer, kernel_layers.KernelSparseFF)
+  got = layer(x)
+  np.testing.assert_allclose(np.asarray(got), np.asarray(expected),
+                             rtol=1e-5, atol=1e-5)
+
+
+def _encdec():
+  return ScalingTransformer(
+      input_vocab_size=96, d_model=32, d_ff=64, n_encoder_layers=1,
+      n_decoder_layers=2, n_heads=2, dropout=0.0, max_len=64, d_lowrank=8,
+      ff_sparsity=8, attention_sparsity=4, loss_sparsity=4, mode='predict')
+
+
+def _lm():
+  return ScalingTransformerLM(
+      vocab_size=80, d_model=32, d_ff=64, n_layers=2, n_heads=2, dropout=0.0,
+      max_len=64, d_lowrank=8, ff_sparsity=8, attention_sparsity=4,
+      loss_sparsity=4, mode='predict')
+
+
+def _greedy(build, options, n_tokens=12):
+  """(logits [n_tokens, vocab], tokens, compiled HLO text) of greedy decoding."""
+  model = build()
+  encdec = decode_step.is_encoder_decoder(model)
+  sig = decode_step.predict_signature(model, prompt_len=8)
+  weights, state = model.init(sig, rng=jax.random.PRNGKey(1))
+  step = decode_step.make_step(model, options=options)
+  inputs = jnp.arange(1, 9, dtype=jnp.int32)[None]
+  token = jnp.full((1, 1), 5, jnp.int32)
+  logits, tokens = [], []
+  for _ in range(n_tokens):
+    x = (inputs, token) if encdec else token
+    outputs, state = step(x, weights, state, jax.random.PRNGKey(0))
+    last = (outputs[0] if isinstance(outputs, (tuple, list)) else outputs)
+    last = last[:, -1]
+    token = jnp.argmax(last, -1).astype(jnp.int32)[:, None]
+    logits.append(np.asarray(last[0]))
+    tokens.append(int(token[0, 0]))
+  stored = step.store_weights(weights)
+  hlo = step.jitted.lower(x, stored, state, jax.random.PRNGKey(0)).as_text()
+  return np.stack(logits), tokens, hlo
+
+
+@pytest.mark.parametrize('build', [_encdec, _lm], ids=['encdec', 'lm'])
+def test_decode_with_kernels_equals_xla(build):
+  _require_kernels()
+  logits, tokens, hlo = _greedy(build, ('xla', 'float32'))
+  k_logits, k_tokens, k_hlo = _greedy(build, ('ffi', 'float32'))
+  assert 'tf_sparse_ff' not in hlo and 'tf_skinny_matmul' not in hlo
+  # Both kernels run in the step: the sparse FF block and the
+  # multiplicative / dense layers.
+  assert 'tf_sparse_ff' in k_hlo and 'tf_skinny_matmul' in k_hlo
+  np.testing.assert_allclose(k_logits, logits, rtol=0, atol=1e-5)
+  assert k_tokens == tokens
+  assert len(set(tokens)) > 1  # A decode that moves, not one token.
+
+
+@pytest.mark.parametrize('storage,tolerance', [('bfloat16', 0.05),
+                                               ('int8', 0.05)])
+def test_weight_storage(storage, tolerance):
+  _require_kernels()
+  logits, tokens, _ = _greedy(_encdec, ('xla', 'float32'))
+  k_logits, k_tokens, _ = _greedy(_encdec, ('ffi', storage))
+  x_logits, _, _ = _greedy(_encdec, ('xla', storage))
+  delta = np.abs(k_logits - logits).max()
+  assert 0 < delta < tolerance  # Rounded weights: close, not equal.
+  assert k_tokens == tokens
+  # The kernels read the stored weights as XLA's dequantized path does.
+  np.testing.assert_allclose(k_logits, x_logits, rtol=0, atol=1e-5)
+
+
+def test_store_weights_types():
+  model = _encdec()
+  sig = decode_step.predict_signature(model, prompt_len=8)
+  weights, _ = model.init(sig, rng=jax.random.PRNGKey(1))
+  kernel_layers.install(model)
+  stored = kernel_layers.store_weights(model, weights, 'int8')
+  dtypes = {str(a.dtype) for a in jax.tree_util.tree_leaves(stored)}
+  assert 'int8' in dtypes and 'float32' in dtypes
+  w = jax.random.normal(jax.random.PRNGKey(0), (5, 33))
+  q, scale = kernel_layers.quantize_rows(w)
+  err = np.abs(np.asarray(q, np.float32) * np.asarray(scale)[:, None]
+               - np.asarray(w))
+  assert np.all(err <= np.asarray(scale)[:, None] / 2 + 1e-7)
+  assert np.abs(np.asarray(q)).max() == 127
+
+
+def test_fallback_without_library(monkeypatch):
+  """No library: kernels requested, XLA's code runs, same numbers."""
+  logits, tokens, _ = _greedy(_encdec, ('xla', 'float32'))
+  monkeypatch.setenv('TERRAFORMER_KERNELS_LIB', '/nonexistent/lib.so')
+  monkeypatch.setattr(kernels, '_state',
+                      {'lib': None, 'tried': False, 'error': None})
+  assert not kernels.available()
+  assert 'cannot load' in kernels.unavailable_reason()
+  with pytest.warns(UserWarning, match='not available'):
+    f_logits, f_tokens, hlo = _greedy(_encdec, ('ffi', 'float32'))
+  assert 'tf_sparse_ff' not in hlo and 'tf_skinny_matmul' not in hlo
+  np.testing.assert_array_equal(f_logits, logits)
+  assert f_tokens == tokens
+  assert decode_step.describe_options(('ffi', 'float32')) == (
+      'xla (kernels not built)')
