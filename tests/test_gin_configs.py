@@ -6,8 +6,7 @@ import os
 import sys
 
 import pytest
-
-from terraformer import training
+from terraformer import config
 from terraformer.cli import common
 from terraformer.cli import info
 
@@ -56,8 +55,8 @@ def test_info_runs_on_every_gin_file(counts):
                          ids=lambda p: os.path.relpath(p, GIN_DIR))
 def test_bench_config_parses_and_builds(path):
   common.setup()
-  common.parse_gin([path], [])
-  layer = training.model_from_config()(mode='eval')
+  config.parse_gin([path], [])
+  layer = config.model_from_config()(mode='eval')
   assert layer.sublayers  # A whole model, not an empty Serial.
 
 

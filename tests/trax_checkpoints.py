@@ -17,7 +17,7 @@ from trax import shapes
 from trax.supervised import history as trax_history
 from trax.supervised import training as trax_training
 
-from terraformer import compat
+from terraformer.trax_bridge import compat
 
 compat.apply()
 

@@ -15,10 +15,10 @@ import gin
 import jax
 import numpy as np
 
-from terraformer import decode_speed
-from terraformer import decode_step
+from terraformer import config
+from terraformer.benchmarks import decode_speed
+from terraformer.decoding import step as decode_step
 from terraformer import errors
-from terraformer import training
 
 # ScalingTransformer keyword -> what the sweep multiplies by d / d_model.
 SWEEP_SCALED = ('d_ff', 'n_heads', 'attention_sparsity')
@@ -36,7 +36,7 @@ def configured_model():
   config; the keyword arguments are its signature's defaults overridden by
   the gin bindings (what `model_fn(mode=...)` will use).
   """
-  ref = training.model_reference()
+  ref = config.model_reference()
   if not hasattr(ref, 'scoped_configurable_fn'):
     raise errors.TerraformerError(
         'terraformer.train.model must be a configurable reference '
@@ -549,7 +549,7 @@ def user_path(configs, parse, tokens=16, prompt_len=16, repeats=3, seed=0,
 
   For each configuration (random weights, batch 1, a `prompt_len`-token
   input, `tokens` tokens, no EOS), times repeated calls of
-  `terraformer.decoding.decode(model, inputs, max_length=tokens)` and of
+  `terraformer.decoding.search.decode(model, inputs, max_length=tokens)` and of
   Trax 1.4.1's `trax.supervised.decoding.autoregressive_sample(model,
   inputs, temperature=0, max_length=tokens)` on the same predict-mode
   model. The first call of each compiles (Trax: `tl.Accelerate`, a jit of
@@ -564,7 +564,7 @@ def user_path(configs, parse, tokens=16, prompt_len=16, repeats=3, seed=0,
     decoded the same tokens).
   """
   from trax.supervised import decoding as trax_decoding  # pylint: disable=g-import-not-at-top
-  from terraformer import decoding  # pylint: disable=g-import-not-at-top
+  from terraformer.decoding import search as decoding  # pylint: disable=g-import-not-at-top
   results = []
   for name, config in configs:
     parse(config, [])
@@ -625,7 +625,7 @@ def format_user_path(report):
   lines.append(
       f"whole greedy decode calls, batch 1, {s['tokens']} tokens after a "
       f"{s['prompt_len']}-token input, median of {s['repeats']} calls after "
-      'the first: ours = terraformer.decoding.decode, Trax = '
+      'the first: ours = terraformer.decoding.search.decode, Trax = '
       'trax.supervised.decoding.autoregressive_sample; 1st call includes '
       'compilation')
   return '\n'.join(lines)

@@ -8,7 +8,7 @@ the bytes of weights and caches a step reads and turns them into a bound,
 sparse model is fast because it reads few bytes, and an implementation is
 good when it runs close to that bound.
 
-The step timed is `terraformer.decode_step.make_step`, the one decoding
+The step timed is `terraformer.decoding.step.make_step`, the one decoding
 uses; this module gives it random weights, times it and counts its bytes.
 """
 import collections
@@ -26,7 +26,7 @@ from trax.layers import attention as trax_attention
 from trax.layers import combinators as trax_combinators
 from trax.layers import core as trax_core
 
-from terraformer import decode_step
+from terraformer.decoding import step as decode_step
 from terraformer.layers.lsh_attention import CausalDotProductAttention
 from terraformer.layers.prefix_attention import PrefixCausalAttention
 from terraformer.layers.prefix_attention import bucket_for

@@ -1,7 +1,7 @@
 """Training-step memory and time vs input length (Pyramidion Fig. 4, CST Fig. 2).
 
 The gradient step of an encoder-decoder (value_and_grad of the
-cross-entropy loss with respect to all weights, as `terraformer.training`
+cross-entropy loss with respect to all weights, as `terraformer.training.loop`
 takes it) is compiled with XLA for abstract inputs of each length; XLA's
 buffer assignment gives its memory (arguments: weights, state, batch;
 outputs: gradients; temporaries: activations kept for the backward pass and

@@ -13,8 +13,9 @@ import numpy as np
 from trax import layers as tl
 from trax import shapes
 
-from terraformer import distributed
-from terraformer import training
+from terraformer import config
+from terraformer.training import fsdp
+from terraformer.training import memory_plan
 
 ParamCount = collections.namedtuple('ParamCount', ['by_layer', 'total'])
 
@@ -98,7 +99,7 @@ def count_parameters(model=None, input_signature=None, batch_size=1,
   Returns:
     ParamCount(by_layer={class name: count}, total=count).
   """
-  model = model or training.model_from_config()
+  model = model or config.model_from_config()
   layer = model(mode=mode)
   if input_signature is None:
     input_signature = input_signature_for(layer, batch_size, length)
@@ -107,7 +108,7 @@ def count_parameters(model=None, input_signature=None, batch_size=1,
 
 def _model_setting(name, default):
   """A setting of the configured model function (gin binding or default)."""
-  ref = training.model_reference()
+  ref = config.model_reference()
   fn = getattr(ref, 'scoped_configurable_fn', ref)
   selector = getattr(ref, 'selector', getattr(fn, '__name__', ''))
   try:
@@ -132,11 +133,11 @@ def residual_stream_bytes(batch_size, length):
 
 
 def device_memory(n_devices, batch_size=1, length=512, slots_per_weight=2):
-  """ParamCount and the per-device `distributed.memory_plan` of the
+  """ParamCount and the per-device `memory_plan.memory_plan` of the
   configured model, weights and slots FSDP-sharded over `n_devices`."""
   shapes_out = []
   count = count_parameters(shapes_out=shapes_out)
-  plan = distributed.memory_plan(
+  plan = memory_plan.memory_plan(
       shapes_out[0], n_devices, slots_per_weight,
       residual_stream_bytes(batch_size, length))
   return count, plan
@@ -153,10 +154,10 @@ def compiled_step_memory(batch_size=1, length=512):
     gather = gin.query_parameter('terraformer.train.fsdp_gather_weights')
   except ValueError:
     gather = False
-  model = training.model_from_config()(mode='train')
+  model = config.model_from_config()(mode='train')
   tokens = jax.ShapeDtypeStruct((batch_size, length), np.int32)
   batch = (tokens, tokens, jax.ShapeDtypeStruct(tokens.shape, np.float32))
-  trainer = distributed.ShardedTrainer(
+  trainer = fsdp.ShardedTrainer(
       model, tl.WeightedCategoryCrossEntropy(), optimizers.Adam(),
       lambda step: 0.0, batch, abstract=True, gather_weights=gather)
   return trainer.compiled_step_memory()

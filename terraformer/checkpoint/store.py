@@ -30,14 +30,11 @@ step damaged for one of them is set aside for all).
 Trax's `model.pkl.gz` (read by `init_checkpoint`, terraformer-decode/eval and
 Trax's `Loop.load_checkpoint`) is written too, as one self-contained file
 (flat weights and slots inline: the older Loop format that Trax still reads),
-by `atomic_write`: a temporary file, fsync, rename over the old one, fsync of
-the directory. Readers see the old or the new file, never a mix.
+by `terraformer.checkpoint.format`.
 """
 import errno
-import gzip
 import json
 import os
-import pickle
 import shutil
 import sys
 import time
@@ -45,25 +42,14 @@ import time
 import numpy as np
 
 from terraformer import errors
+from terraformer.checkpoint import format as checkpoint_format
+from terraformer.checkpoint.format import atomic_write
+from terraformer.checkpoint.format import fsync
+from terraformer.runtime import say
 
 CHECKPOINTS = 'checkpoints'
 DAMAGED = 'checkpoints.damaged'
 MARKER = 'COMMITTED'
-_TMP = '.tmp-'  # Infix of the temporary files of `atomic_write`.
-
-
-def report(message):
-  """One line on stdout (a training log line, not an error)."""
-  print(message, flush=True)
-
-
-def fsync(path):
-  """Flushes a file or directory to disk."""
-  fd = os.open(path, os.O_RDONLY)
-  try:
-    os.fsync(fd)
-  finally:
-    os.close(fd)
 
 
 def fsync_tree(root):
@@ -72,75 +58,6 @@ def fsync_tree(root):
     for name in files:
       fsync(os.path.join(folder, name))
     fsync(folder)
-
-
-def atomic_write(path, write):
-  """Calls `write(binary file)` on a temporary file, then renames it to `path`.
-
-  The file is fsynced before the rename and the directory after it; on any
-  error the temporary file is removed and the error re-raised.
-  """
-  folder = os.path.dirname(os.path.abspath(path))
-  tmp = f'{path}{_TMP}{os.getpid()}'
-  try:
-    with open(tmp, 'wb') as f:
-      write(f)
-      f.flush()
-      os.fsync(f.fileno())
-    os.replace(tmp, path)
-  except BaseException:
-    if os.path.exists(tmp):
-      os.remove(tmp)
-    raise
-  fsync(folder)
-
-
-def write_trax_checkpoint(path, checkpoint):
-  """Writes a Loop checkpoint dict (inline weights) to `path` atomically."""
-  def write(f):
-    with gzip.GzipFile(fileobj=f, mode='wb', compresslevel=2) as gz:
-      pickle.dump(checkpoint, gz, protocol=pickle.HIGHEST_PROTOCOL)
-  atomic_write(path, write)
-
-
-def _read_arrays(path):
-  """All arrays of a Trax `.npy.gz` file; raises if it ends mid-array.
-
-  Trax's `np_from_file` stops at the first error, so a truncated file reads
-  as a shorter list; here any incomplete array is an error.
-  """
-  arrays = []
-  with gzip.open(path, 'rb') as f:
-    while f.peek(1):
-      arrays.append(np.load(f, allow_pickle=False))
-  return arrays
-
-
-def read_trax_checkpoint(path):
-  """The dict of a Loop `.pkl.gz` checkpoint, `flat_weights` read in full.
-
-  Raises TerraformerError naming the file that is missing, truncated or
-  damaged (`path` or its `.weights.npy.gz`).
-  """
-  part = path
-  try:
-    with gzip.open(path, 'rb') as f:
-      checkpoint = pickle.load(f)
-    if not isinstance(checkpoint, dict) or 'flat_weights' not in checkpoint:
-      raise ValueError('no flat_weights: not a Trax Loop checkpoint')
-    if isinstance(checkpoint['flat_weights'], int):  # Separate file.
-      part = path[:-len('.pkl.gz')] + '.weights.npy.gz'
-      checkpoint['flat_weights'] = _read_arrays(part)
-  except FileNotFoundError:
-    raise errors.TerraformerError(
-        f'checkpoint file {part} is missing') from None
-  except (OSError, EOFError, ValueError, pickle.UnpicklingError,
-          AttributeError, ImportError, IndexError, TypeError,
-          MemoryError) as e:
-    raise errors.TerraformerError(
-        f'checkpoint file {part} is damaged or truncated '
-        f'({type(e).__name__}: {errors.first_line(e, 200)})') from None
-  return checkpoint
 
 
 def is_disk_full(error):
@@ -243,13 +160,13 @@ class CheckpointStore:
     if os.path.isdir(self.output_dir):
       leftovers += [os.path.join(self.output_dir, name)
                     for name in os.listdir(self.output_dir)
-                    if _TMP in name or name.endswith('._tmp_')]
+                    if checkpoint_format.TMP in name or name.endswith('._tmp_')]
     for path in sorted(leftovers):
       if os.path.isdir(path):
         shutil.rmtree(path)
       else:
         os.remove(path)
-      report(f'Removed {path}: left by an interrupted save (not committed)')
+      say(f'Removed {path}: left by an interrupted save (not committed)')
 
   def steps(self):
     """Committed steps, newest first."""

@@ -28,7 +28,7 @@ the models over d_model and plots the speedup of each over the first.
 --fit_blocks decoder blocks and no encoder blocks, and projects ms/token and
 bytes to L decoder blocks, beside the paper's seconds (the config's
 PAPER_DECODE_SECONDS). --trax_user_path times whole decode calls instead:
-terraformer.decoding.decode next to Trax's own autoregressive_sample.
+terraformer.decoding.search.decode next to Trax's own autoregressive_sample.
 --xla_ops counts the XLA operations per decoder block of each model's step.
 --agreement compares each model's logits with the first's (same random
 weights, fed the first's greedy tokens): max |delta logit| and greedy
@@ -45,6 +45,7 @@ import sys
 
 from absl import flags
 
+from terraformer import config
 from terraformer import errors
 from terraformer.cli import common
 
@@ -88,7 +89,7 @@ def _define_flags(flag_values):
                     flag_values=flag_values)
   flags.DEFINE_bool('trax_user_path', False,
                     'Time whole greedy decode calls of each model: '
-                    "terraformer.decoding.decode and Trax's "
+                    "terraformer.decoding.search.decode and Trax's "
                     'autoregressive_sample.', flag_values=flag_values)
   flags.DEFINE_integer('project_layers', None,
                        'Models too large to hold: time each with '
@@ -176,11 +177,11 @@ def _log(message):
 
 
 def _bench(flag_values, model_files):
-  from terraformer import benchmark  # pylint: disable=g-import-not-at-top
+  from terraformer.benchmarks import decode_configs as benchmark  # pylint: disable=g-import-not-at-top
   bindings = list(flag_values.config or [])
 
   def parse(files, extra):
-    common.parse_gin(files, bindings + list(extra))
+    config.parse_gin(files, bindings + list(extra))
 
   taken = set()
   configs = [(model_name(files, taken), files) for files in model_files]
@@ -251,8 +252,8 @@ def _bench(flag_values, model_files):
 def _profile(configs, parse, flag_values):
   """Writes a jax.profiler trace of decoding steps of each model."""
   import jax  # pylint: disable=g-import-not-at-top
-  from terraformer import benchmark  # pylint: disable=g-import-not-at-top
-  from terraformer import decode_speed  # pylint: disable=g-import-not-at-top
+  from terraformer.benchmarks import decode_configs as benchmark  # pylint: disable=g-import-not-at-top
+  from terraformer.benchmarks import decode_speed  # pylint: disable=g-import-not-at-top
   report = []
   for name, config in configs:
     parse(config, [])
@@ -284,7 +285,7 @@ def main(argv=None):
     return common.EXIT_USAGE
 
   def precheck(flag_values):
-    common.check_config_files([f for files in model_files for f in files])
+    config.check_config_files([f for files in model_files for f in files])
     _check_writable_file(flag_values.json, 'json')
     if flag_values.profile_dir:
       _check_writable_folder(flag_values.profile_dir, 'profile_dir')

@@ -1,4 +1,4 @@
-"""Shared CLI plumbing: flags, gin parsing and the error policy.
+"""Shared CLI plumbing: flags and the error policy (gin: `terraformer.config`).
 
 Flags follow Trax's trainer: `--config_file` (repeatable), `--config`
 (repeatable gin bindings), `--output_dir`. User errors (bad config, missing
@@ -7,37 +7,20 @@ OSError: disk full, permissions) print ONE line,
 `<prog>: error: <message>`, on stderr and exit with status 2; nothing is
 written before the config, model and data have been checked.
 """
-import contextlib
-import importlib
-import logging
 import os
 import sys
-import tempfile
 
 from absl import flags
-import gin
 
+from terraformer import config
 from terraformer import errors
+from terraformer import runtime
 
 EXIT_USAGE = 2
 
-# Modules whose import registers gin configurables (Trax's first, as in
-# `trax/trainer.py`, then ours).
-_CONFIGURABLE_MODULES = (
-    'trax.models', 'trax.optimizers', 'trax.supervised.lr_schedules',
-    'terraformer.layers', 'terraformer.models', 'terraformer.data',
-    'terraformer.training', 'terraformer.param_count',
-    'terraformer.evaluation',  # text_vocab, bound in the gin files.
-)
-
-# The repository's gin/ folder: `include 'scaling_800m/base.gin'` resolves
-# against it (and against each config file's folder and that folder's parent).
-_GIN_DIR = os.path.join(os.path.dirname(os.path.dirname(
-    os.path.dirname(os.path.abspath(__file__)))), 'gin')
-
 
 def define_config_flags(flag_values):
-  """Defines --config_file and --config on `flag_values`."""
+  """Defines --config_file, --config and --verbosity on `flag_values`."""
   flags.DEFINE_multi_string(
       'config_file', None, 'Gin config file; repeat to use several.',
       flag_values=flag_values)
@@ -45,94 +28,17 @@ def define_config_flags(flag_values):
       'config', None,
       "Gin binding, e.g. --config='terraformer.train.steps = 10'; repeat to "
       'use several.', flag_values=flag_values)
-
-
-def _one_line(error):
-  """`error` as one line: gin's extra lines (location) joined with '; '."""
-  text = error.args[0] if isinstance(error, KeyError) and error.args else error
-  lines = [line.strip() for line in str(text).splitlines()]
-  lines = [l for l in lines if l and set(l) != {'^'}]
-  return '; '.join(lines) or type(error).__name__
-
-
-@contextlib.contextmanager
-def _quiet_stderr():
-  """Hides what is written to stderr (fd 2) inside, unless an error occurs.
-
-  Importing Trax makes TF/XLA (C++) and Gym print notices on stderr; they would
-  bury the one-line error messages.
-  """
-  sys.stderr.flush()
-  saved = os.dup(2)
-  with tempfile.TemporaryFile() as hidden:
-    os.dup2(hidden.fileno(), 2)
-    try:
-      yield
-    except BaseException:
-      sys.stderr.flush()
-      os.dup2(saved, 2)
-      hidden.seek(0)
-      os.write(2, hidden.read())
-      raise
-    finally:
-      sys.stderr.flush()
-      os.dup2(saved, 2)
-      os.close(saved)
+  flags.DEFINE_enum(
+      'verbosity', None, runtime.LEVELS,
+      f'Log level; debug/info also show the libraries\' start-up notices '
+      f'(TensorFlow, Gym, JAX). Default: ${runtime.LOG_LEVEL_ENV} or warning.',
+      flag_values=flag_values)
 
 
 def setup():
-  """Applies the compat fixes and registers all gin configurables."""
-  with _quiet_stderr():
-    from terraformer import compat  # pylint: disable=g-import-not-at-top
-    compat.apply()
-    for name in _CONFIGURABLE_MODULES:
-      importlib.import_module(name)
-
-
-def check_config_files(config_files):
-  """Raises TerraformerError unless each config file exists."""
-  for path in config_files or []:
-    if not os.path.isfile(path):
-      raise errors.TerraformerError(f'config file {path!r} not found')
-
-
-def parse_gin(config_files, bindings):
-  """Parses gin files and bindings; raises TerraformerError on any problem."""
-  config_files, bindings = list(config_files or []), list(bindings or [])
-  check_config_files(config_files)
-  gin.clear_config()
-  search = [_GIN_DIR] if os.path.isdir(_GIN_DIR) else []
-  for path in config_files:
-    folder = os.path.dirname(os.path.abspath(path))
-    search += [folder, os.path.dirname(folder)]
-  for folder in dict.fromkeys(search):  # Unique, in order.
-    gin.add_config_file_search_path(folder)
-  # Gin logs 'Path not found' for each search path it tries on an include,
-  # even when a later one has the file: drop those records.
-  not_found = lambda record: record.msg != 'Path not found: %s'
-  logging.getLogger().addFilter(not_found)
-  try:
-    # Not finalized (locked): `main(argv)` may run again in one process.
-    gin.parse_config_files_and_bindings(config_files, bindings,
-                                        finalize_config=False)
-  except (ValueError, KeyError, TypeError, SyntaxError, OSError,
-          ImportError) as e:
-    raise errors.TerraformerError(f'bad gin config: {_one_line(e)}') from None
-  finally:
-    logging.getLogger().removeFilter(not_found)
-
-
-def require_bindings(configurable, names):
-  """Raises TerraformerError unless each `configurable.name` is bound."""
-  missing = []
-  for name in names:
-    try:
-      gin.query_parameter(f'{configurable}.{name}')
-    except ValueError:
-      missing.append(f'{configurable}.{name}')
-  if missing:
-    raise errors.TerraformerError(
-        'missing gin binding(s): ' + ', '.join(missing))
+  """Registers all gin configurables, the import noise of Trax/TF hidden."""
+  with runtime.quiet():
+    config.register_configurables()
 
 
 def check_output_dir(path):
@@ -176,11 +82,13 @@ def run(prog, argv, define_flags, body, precheck=None):
     if extra:
       raise errors.TerraformerError(
           f'unexpected argument(s): {" ".join(extra)}')
-    check_config_files(flag_values.config_file)
+    if flag_values.verbosity:
+      runtime.set_level(flag_values.verbosity)
+    config.check_config_files(flag_values.config_file)
     if precheck:
       precheck(flag_values)
     setup()
-    parse_gin(flag_values.config_file, flag_values.config)
+    config.parse_gin(flag_values.config_file, flag_values.config)
     return body(flag_values) or 0
   except flags.Error as e:
     print(f'{prog}: error: {errors.first_line(e)}', file=sys.stderr)

@@ -32,6 +32,7 @@ import time
 
 from absl import flags
 
+from terraformer import config
 from terraformer import errors
 from terraformer.cli import common
 
@@ -135,7 +136,7 @@ def _warn(message):
 def _encode(vocab, texts, encoder_decoder, input_len, max_length, limit,
             truncate):
   """Token lists of the inputs, checked against the length limits."""
-  from terraformer import evaluation  # pylint: disable=g-import-not-at-top
+  from terraformer.evaluation import rouge as evaluation  # pylint: disable=g-import-not-at-top
   rows = []
   for i, text in enumerate(texts):
     where = f'input {i + 1}' if len(texts) > 1 else 'the input'
@@ -164,13 +165,12 @@ def _encode(vocab, texts, encoder_decoder, input_len, max_length, limit,
 def _decode(flag_values):
   from trax import shapes  # pylint: disable=g-import-not-at-top
   import numpy as np  # pylint: disable=g-import-not-at-top
-  from terraformer import decoding  # pylint: disable=g-import-not-at-top
-  from terraformer import evaluation  # pylint: disable=g-import-not-at-top
-  from terraformer import training  # pylint: disable=g-import-not-at-top
+  from terraformer.decoding import search as decoding  # pylint: disable=g-import-not-at-top
+  from terraformer.evaluation import rouge as evaluation  # pylint: disable=g-import-not-at-top
 
   texts = read_inputs(flag_values)
-  common.require_bindings('terraformer.text_vocab', ['vocab_size'])
-  model_fn = training.model_from_config()
+  config.require_bindings('terraformer.text_vocab', ['vocab_size'])
+  model_fn = config.model_from_config()
   vocab = evaluation.text_vocab()
   probe = model_fn(mode='predict')
   encoder_decoder = decoding.is_encoder_decoder(probe)

@@ -11,7 +11,7 @@ ROUGE-1, ROUGE-2, ROUGE-LSum and ROUGE-L F1 (rouge-score) and the reference
 log-perplexity in one table with the extractive baselines scored on the
 same examples (lead-3, lead-k matched to the reference's length, 3 random
 sentences; --nobaselines skips them); see
-`terraformer.evaluation.evaluate`, whose gin parameters
+`terraformer.evaluation.rouge.evaluate`, whose gin parameters
 (`terraformer.evaluate.*`) the flags override when given. By default the
 paper's decoding (temperature 0.5) on the offline aclsum papers; bind
 `terraformer.evaluate.examples_fn = @terraformer.data.summarization_pairs`
@@ -25,6 +25,7 @@ import sys
 
 from absl import flags
 
+from terraformer import config
 from terraformer.cli import common
 from terraformer.cli import decode as decode_cli
 
@@ -136,8 +137,8 @@ def format_examples(jsonl_path, n, max_chars=600):
 
 
 def _eval(flag_values):
-  from terraformer import evaluation  # pylint: disable=g-import-not-at-top
-  common.require_bindings('terraformer.text_vocab', ['vocab_size'])
+  from terraformer.evaluation import rouge as evaluation  # pylint: disable=g-import-not-at-top
+  config.require_bindings('terraformer.text_vocab', ['vocab_size'])
   kwargs = {name: getattr(flag_values, name) for name in _EVALUATE_FLAGS
             if getattr(flag_values, name) is not None}
   summary = evaluation.evaluate(flag_values.output_dir, **kwargs)

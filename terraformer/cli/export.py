@@ -13,6 +13,7 @@ import sys
 from absl import flags
 
 from terraformer import errors
+from terraformer import runtime
 from terraformer.cli import common
 
 PROG = 'terraformer-export'
@@ -31,7 +32,7 @@ def _define_flags(flag_values):
 
 
 def _export(flag_values):
-  from terraformer import export  # pylint: disable=g-import-not-at-top
+  from terraformer.evaluation import export  # pylint: disable=g-import-not-at-top
   if not flag_values.logdir:
     raise errors.TerraformerError('--logdir is required')
   if not flag_values.out:
@@ -40,7 +41,7 @@ def _export(flag_values):
   # Reading event files imports TensorFlow, whose notices go to stderr: hide
   # them (they come back with an unexpected crash, not with a user error).
   user_error = None
-  with common._quiet_stderr():  # pylint: disable=protected-access
+  with runtime.quiet():
     try:
       result = export.export(flag_values.logdir, out,
                              labels=flag_values.label,

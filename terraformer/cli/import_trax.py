@@ -10,7 +10,7 @@ PATH is a Trax `training.Loop` checkpoint (`model.pkl.gz`, with
 (`terraformer.train.model = @ScalingTransformerLM`, `@ScalingTransformer` or
 `@Terraformer`, same hyperparameters; see the model modules' docstrings for
 the options that map). Every
-weight is mapped by name and shape (`terraformer.trax_import`); the first one
+weight is mapped by name and shape (`terraformer.trax_bridge.checkpoint_import`); the first one
 that does not fit is one error line, and nothing is written. DIR then holds
 `model.pkl.gz` + `model.weights.npy.gz`, which terraformer-decode,
 terraformer-eval (`--output_dir=DIR`) and `terraformer.train.init_checkpoint`
@@ -21,6 +21,7 @@ import sys
 
 from absl import flags
 
+from terraformer import config
 from terraformer import errors
 from terraformer.cli import common
 
@@ -63,10 +64,9 @@ def _precheck(flag_values):
 
 
 def _import(flag_values):
-  from terraformer import trax_import  # pylint: disable=g-import-not-at-top
-  from terraformer import training  # pylint: disable=g-import-not-at-top
+  from terraformer.trax_bridge import checkpoint_import as trax_import  # pylint: disable=g-import-not-at-top
   path = trax_checkpoint_file(flag_values.trax_checkpoint)
-  model_fn = training.model_from_config()
+  model_fn = config.model_from_config()
   name = getattr(model_fn, '__name__', str(model_fn))
   counterpart = trax_import.TRAX_COUNTERPARTS.get(name)
   if counterpart is None:

@@ -57,7 +57,7 @@ def format_table(count):
 
 
 def format_plan(plan, device_memory_gb=0.0):
-  """Human-readable per-device memory of a `distributed.memory_plan`."""
+  """Human-readable per-device memory of a `memory_plan.memory_plan`."""
   gib = 2.0 ** 30
   rows = [f'FSDP over {plan["devices"]} devices, per device:']
   for label, key in (('weights', 'weights_bytes_per_device'),
@@ -102,7 +102,7 @@ def _precheck(flag_values):
 
 
 def _info(flag_values):
-  from terraformer import param_count  # pylint: disable=g-import-not-at-top
+  from terraformer.benchmarks import param_count  # pylint: disable=g-import-not-at-top
   plan = compiled = None
   if flag_values.devices:
     count, plan = param_count.device_memory(

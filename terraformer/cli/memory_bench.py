@@ -26,13 +26,14 @@ two files), all measured in one run; --config bindings apply to every model.
 For each input length the model's gradient step is compiled the same way
 (memory), and where it needs at most --time_budget_gb it also runs on random
 tokens: the median ms of --repeats calls after a warm-up
-(`terraformer.long_input_benchmark`).
+(`terraformer.benchmarks.long_input`).
 """
 import json
 import sys
 
 from absl import flags
 
+from terraformer import config
 from terraformer import errors
 from terraformer.cli import common
 
@@ -82,7 +83,7 @@ def step_memory(model_fn, n_layers, reversible, batch_size, input_len,
   Weights, state and batch are abstract (`jax.ShapeDtypeStruct`): the step
   is lowered and compiled, never run.
   """
-  from terraformer import long_input_benchmark as lib  # pylint: disable=g-import-not-at-top
+  from terraformer.benchmarks import long_input as lib  # pylint: disable=g-import-not-at-top
   try:
     model = model_fn(mode='train', n_encoder_layers=n_layers,
                      n_decoder_layers=n_layers, reversible=reversible)
@@ -110,9 +111,8 @@ def format_table(rows):
 
 def _bench(flag_values):
   counts = _positive_ints(flag_values.layers, 'layers')
-  common.require_bindings('terraformer.train', ['model'])
-  from terraformer import training  # pylint: disable=g-import-not-at-top
-  model_fn = training.model_from_config()
+  config.require_bindings('terraformer.train', ['model'])
+  model_fn = config.model_from_config()
   sizes = dict(batch_size=flag_values.batch_size,
                input_len=flag_values.input_len,
                target_len=flag_values.target_len)
@@ -135,8 +135,7 @@ def _bench(flag_values):
 
 
 def _length_bench(flag_values, model_files):
-  from terraformer import long_input_benchmark as lib  # pylint: disable=g-import-not-at-top
-  from terraformer import training  # pylint: disable=g-import-not-at-top
+  from terraformer.benchmarks import long_input as lib  # pylint: disable=g-import-not-at-top
   from terraformer.cli import bench  # pylint: disable=g-import-not-at-top
   lens = _positive_ints(flag_values.input_lens, 'input_lens')
   if not model_files:
@@ -146,11 +145,11 @@ def _length_bench(flag_values, model_files):
   taken = set()
   for files in model_files:
     name = bench.model_name(files, taken)
-    common.parse_gin(files, flag_values.config)
-    common.require_bindings('terraformer.train', ['model'])
+    config.parse_gin(files, flag_values.config)
+    config.require_bindings('terraformer.train', ['model'])
     print(f'{name}:', file=sys.stderr, flush=True)
     report['models'][name] = lib.length_sweep(
-        training.model_from_config(), lens, flag_values.target_len,
+        config.model_from_config(), lens, flag_values.target_len,
         flag_values.batch_size, flag_values.time_budget_gb * 2 ** 30,
         flag_values.repeats,
         log=lambda m: print(f'  {m}', file=sys.stderr, flush=True))
@@ -181,7 +180,7 @@ def main(argv=None):
     return common.EXIT_USAGE
 
   def precheck(flag_values):
-    common.check_config_files([f for files in model_files for f in files])
+    config.check_config_files([f for files in model_files for f in files])
     if flag_values.plot:
       bench._check_writable_file(flag_values.plot, 'plot')  # pylint: disable=protected-access
 

@@ -18,13 +18,14 @@ import sys
 
 from absl import flags
 
+from terraformer import config
 from terraformer.cli import common
 
 PROG = 'terraformer-ood'
 
 
 def _define_flags(flag_values):
-  from terraformer import ood  # pylint: disable=g-import-not-at-top
+  from terraformer.evaluation import ood  # pylint: disable=g-import-not-at-top
   flags.DEFINE_string('output_dir', None,
                       'Directory: one subdirectory per cell, and the table.',
                       flag_values=flag_values)
@@ -43,12 +44,12 @@ def _define_flags(flag_values):
 
 
 def _precheck(flag_values):
-  from terraformer import ood  # pylint: disable=g-import-not-at-top
+  from terraformer.evaluation import ood  # pylint: disable=g-import-not-at-top
   common.check_output_dir(flag_values.output_dir)
   if not flag_values.cells:
     raise common.errors.TerraformerError('--cells is empty')
   for cell in flag_values.cells:
-    ood.cell_config_file(cell, common._GIN_DIR)  # pylint: disable=protected-access
+    ood.cell_config_file(cell, config.GIN_DIR)
   _seeds(flag_values)
 
 
@@ -64,7 +65,7 @@ def _seeds(flag_values):
 
 
 def _run(flag_values):
-  from terraformer import ood  # pylint: disable=g-import-not-at-top
+  from terraformer.evaluation import ood  # pylint: disable=g-import-not-at-top
   output_dir = common.check_output_dir(flag_values.output_dir)
   _, table = ood.run_table(output_dir, flag_values.cells,
                            flag_values.config_file, flag_values.config,

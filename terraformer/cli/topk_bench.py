@@ -7,7 +7,7 @@
 
 Pietruszka et al. App. B.5 (Figs. 5, 6): prints a markdown table of the
 median jitted time (ms per batch) and the nCCS to the exact top-k of each
-method for every k < n; see `terraformer.topk_benchmark`.
+method for every k < n; see `terraformer.benchmarks.topk`.
 """
 import json
 import sys
@@ -56,7 +56,7 @@ def _ints(values, flag):
 
 
 def _check(flag_values):
-  from terraformer import topk_benchmark  # pylint: disable=g-import-not-at-top
+  from terraformer.benchmarks import topk as topk_benchmark  # pylint: disable=g-import-not-at-top
   ns, ks = _ints(flag_values.ns, 'ns'), _ints(flag_values.ks, 'ks')
   for n in ns:
     for k in ks:
@@ -77,7 +77,7 @@ def _check(flag_values):
 
 
 def _bench(flag_values):
-  from terraformer import topk_benchmark  # pylint: disable=g-import-not-at-top
+  from terraformer.benchmarks import topk as topk_benchmark  # pylint: disable=g-import-not-at-top
   ns, ks = _check(flag_values)
   report = topk_benchmark.run(
       ns, ks, flag_values.methods, flag_values.batch, flag_values.d,

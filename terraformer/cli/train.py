@@ -18,7 +18,9 @@ import sys
 
 from absl import flags
 
+from terraformer import config
 from terraformer import errors
+from terraformer import runtime
 from terraformer import supervisor
 from terraformer.cli import common
 
@@ -71,9 +73,9 @@ def _precheck(flag_values):
 
 def _train(flag_values):
   from terraformer import distributed  # pylint: disable=g-import-not-at-top
-  from terraformer import training  # pylint: disable=g-import-not-at-top
+  from terraformer.training import loop as training  # pylint: disable=g-import-not-at-top
   output_dir = common.check_output_dir(flag_values.output_dir)
-  common.require_bindings('terraformer.train', REQUIRED)
+  config.require_bindings('terraformer.train', REQUIRED)
   kwargs = {} if flag_values.steps is None else {'steps': flag_values.steps}
   try:
     loop = training.train(output_dir, **kwargs)
@@ -81,7 +83,7 @@ def _train(flag_values):
     # Not a normal exit: JAX's shutdown would wait for the dead process.
     print(f'{PROG}: error: {errors.first_line(e)}', file=sys.stderr)
     distributed.exit_now(common.EXIT_USAGE)
-  training.say(f'Done: step {loop.step}, checkpoint in {output_dir}')
+  runtime.say(f'Done: step {loop.step}, checkpoint in {output_dir}')
   return 0
 
 

@@ -6,10 +6,10 @@ Ids follow the T5 convention: pad=0, eos=1, unk=2, no bos. A user model
 import io
 import logging
 import os
-import tempfile
 
 import sentencepiece as spm
 
+from terraformer.checkpoint.format import atomic_write
 from terraformer.data import aclsum_papers
 from terraformer.errors import TerraformerError
 
@@ -22,21 +22,6 @@ def cache_dir():
   """Returns the cache directory: $TERRAFORMER_CACHE_DIR or ~/.cache/..."""
   return os.environ.get('TERRAFORMER_CACHE_DIR') or os.path.join(
       os.path.expanduser('~'), '.cache', 'terraformer')
-
-
-def atomic_write(path, data):
-  """Writes bytes to `path` via a temp file and rename (never half-written)."""
-  directory = os.path.dirname(path) or '.'
-  os.makedirs(directory, exist_ok=True)
-  fd, tmp_path = tempfile.mkstemp(dir=directory, suffix='.tmp')
-  try:
-    with os.fdopen(fd, 'wb') as f:
-      f.write(data)
-    os.replace(tmp_path, path)
-  except BaseException:
-    if os.path.exists(tmp_path):
-      os.remove(tmp_path)
-    raise
 
 
 class Vocab:

@@ -49,7 +49,7 @@ import numpy as np
 from trax.layers import attention
 import tqdm
 
-from terraformer import decode_step
+from terraformer.decoding import step as decode_step
 from terraformer import errors
 
 METHODS = ('greedy', 'sample', 'beam')

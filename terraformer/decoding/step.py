@@ -10,8 +10,8 @@ so that caches are updated in place:
 
 `FastPredict(model, weights, state)` wraps it as `outputs = fast(x)`. The
 state passed in is consumed (its buffers are donated), so never reuse a
-state after passing it to `step`. `terraformer.decoding` decodes with this
-step; `terraformer.decode_speed` times it.
+state after passing it to `step`. `terraformer.decoding.search` decodes with this
+step; `terraformer.benchmarks.decode_speed` times it.
 
 Any model following the project's predict contract works: enc-dec models
 (`n_in == 2`) are called with `(inputs [B, L], prev_token [B, 1])`, the

@@ -132,7 +132,7 @@ def evaluate_cell(model_fn, weights, stream=arithmetic.arithmetic_stream,
     (the longest possible target, EOS included), so a model that does not
     stop gets extra tokens counted as errors.
   """
-  from terraformer import decoding  # pylint: disable=g-import-not-at-top
+  from terraformer.decoding import search as decoding  # pylint: disable=g-import-not-at-top
   from trax import shapes  # pylint: disable=g-import-not-at-top
   scores = {}
   model = None
@@ -233,7 +233,7 @@ def run_cell(name, output_dir):
   Writes `<output_dir>/RESULT_FILE`; if it exists with the same settings
   (gin config), returns it without training or decoding.
   """
-  from terraformer import training  # pylint: disable=g-import-not-at-top
+  from terraformer.training import loop as training  # pylint: disable=g-import-not-at-top
   result_path = os.path.join(output_dir, RESULT_FILE)
   settings = _settings()
   if os.path.isfile(result_path):
@@ -361,7 +361,7 @@ def run_table(output_dir, cells=DEFAULT_CELLS, config_files=(), bindings=(),
     config_files: gin files parsed after each cell's (e.g. paper_scale.gin).
     bindings: gin bindings applied last, to every cell.
     configure: function(files, bindings) parsing gin; default
-      `terraformer.cli.common.parse_gin` (gin/ on the search path).
+      `terraformer.config.parse_gin` (gin/ on the search path).
     gin_dir: folder holding `ood/`; default the repository's gin/.
     seeds: None (one run per cell, the gin seed), or integer seeds: each
       cell runs once per seed (`seed_bindings`, before `bindings`) and the
@@ -372,9 +372,9 @@ def run_table(output_dir, cells=DEFAULT_CELLS, config_files=(), bindings=(),
   Returns:
     (list of per-run result dicts, markdown table).
   """
-  from terraformer.cli import common  # pylint: disable=g-import-not-at-top
-  configure = configure or common.parse_gin
-  gin_dir = gin_dir or common._GIN_DIR  # pylint: disable=protected-access
+  from terraformer import config as config_lib  # pylint: disable=g-import-not-at-top
+  configure = configure or config_lib.parse_gin
+  gin_dir = gin_dir or config_lib.GIN_DIR
   cells = [cell_config_file(c, gin_dir) for c in cells]
   names = [n for n, _ in cells]
   if len(set(names)) != len(names):

@@ -3,7 +3,7 @@
 `evaluate` (gin: `terraformer.evaluate`) loads the checkpoint that
 `terraformer-train` wrote, decodes the articles of a split with the
 predict-mode model (by default the paper's setting: one left-to-right pass at
-temperature 0.5, see `terraformer.decoding`), and reports
+temperature 0.5, see `terraformer.decoding.search`), and reports
 
   * ROUGE-1, ROUGE-2, ROUGE-LSum (summary level: longest common subsequences
     over sentences, one sentence per line) and ROUGE-L (sentence level: the
@@ -37,17 +37,13 @@ from trax import layers as tl
 from trax import shapes
 import tqdm
 
-from terraformer import checkpoints
-from terraformer import compat
-from terraformer import decoding
+from terraformer import config
+from terraformer.checkpoint import format as checkpoint_format
+from terraformer.decoding import search as decoding
 from terraformer import errors
-from terraformer import training
 from terraformer.data import aclsum_papers
 from terraformer.data import vocab as vocab_lib
 
-compat.apply()  # Trax 1.4.1 on this JAX (weight unflattening among them).
-
-CHECKPOINT = 'model.pkl.gz'
 ROUGE_TYPES = ('rouge1', 'rouge2', 'rougeLsum', 'rougeL')
 
 
@@ -66,23 +62,9 @@ def text_vocab(vocab_size=gin.REQUIRED, vocab_path=None, papers_dir=None):
 
 def checkpoint_path(output_dir):
   """`output_dir/model.pkl.gz`; TerraformerError if it is missing."""
-  if not output_dir:
-    raise errors.TerraformerError('--output_dir is required')
-  path = os.path.join(os.path.expanduser(output_dir), CHECKPOINT)
-  if not os.path.isfile(path):
-    raise errors.TerraformerError(
-        f'no checkpoint {CHECKPOINT} in {output_dir}; train one with '
-        'terraformer-train --output_dir=...')
-  return path
-
-
-def _read_checkpoint(path):
-  """(flat weights (list of numpy arrays), training step) of a Loop file."""
-  saved = checkpoints.read_trax_checkpoint(path)  # Names a damaged file.
-  flat = saved['flat_weights']
-  flat = [np.asarray(jax.lax.bitcast_convert_type(w, jnp.bfloat16))
-          if w.dtype == np.uint16 else w for w in flat]  # Loop's _to_bits.
-  return flat, saved.get('step')
+  return checkpoint_format.checkpoint_file(
+      output_dir, what=None if output_dir else '--output_dir',
+      hint='; train one with terraformer-train --output_dir=...')
 
 
 def load_model(model_fn, output_dir, mode, signature):
@@ -96,7 +78,7 @@ def load_model(model_fn, output_dir, mode, signature):
   """
   path = checkpoint_path(output_dir)
   model = model_fn(mode=mode)
-  flat, step = _read_checkpoint(path)
+  flat, step = checkpoint_format.load_flat_weights(path)
   weights_sig = decoding.weights_signature(model, signature)
   n_expected = len(tl.flatten_weights_and_state(weights_sig, ())[0])
   if len(flat) != n_expected:
@@ -388,7 +370,7 @@ def evaluate(output_dir, model=None, examples_fn=paper_pairs, split='test',
     max_length: most decoded tokens; default the bound `target_len` of those
       streams, else 256. Also the reference length for the perplexity.
     method, temperature, top_k, top_p, beam_size, length_penalty, seed: see
-      `terraformer.decoding.decode`; the default is the paper's "greedy
+      `terraformer.decoding.search.decode`; the default is the paper's "greedy
       decoding with temperature 0.5" (sampling at T=0.5, seed 0); use
       method='greedy' for the argmax.
     batch_size: examples decoded (and scored) together.
@@ -408,7 +390,7 @@ def evaluate(output_dir, model=None, examples_fn=paper_pairs, split='test',
   started = time.time()
   output_dir = os.path.expanduser(output_dir)
   checkpoint_path(output_dir)
-  model_fn = model or training.model_from_config()
+  model_fn = model or config.model_from_config()
   vocab = text_vocab()
   bound_input, bound_target = training_lengths()
   pairs = _examples(examples_fn, split, max_examples)

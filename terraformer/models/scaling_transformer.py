@@ -10,7 +10,7 @@ Switches (all 0 = the dense baseline):
 The models compute the same function as Trax 1.4.1's
 `trax.models.research.configurable_transformer.ConfigurableTransformerLM` and
 `ConfigurableTransformer` (which produced the paper's numbers), layer for
-layer and weight for weight, so that `terraformer.trax_import` loads their
+layer and weight for weight, so that `terraformer.trax_bridge.checkpoint_import` loads their
 checkpoints. Trax options and ours:
 
   Trax (ConfigurableTransformer(LM) / gin)     ours

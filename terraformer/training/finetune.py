@@ -13,49 +13,24 @@ A checkpoint of Trax's own models (Trax 1.4.1 `ConfigurableTransformerLM` /
 `ConfigurableTransformer`, e.g. the paper's) is accepted too, with no switch:
 the file format is the same (both are written by Trax's Loop), so a checkpoint
 whose flat weights do not fit our model as they are is imported through
-`terraformer.trax_import` (Trax's layouts mapped by name and shape). This is
+`terraformer.trax_bridge.checkpoint_import` (Trax's layouts mapped by name and shape). This is
 unambiguous: where Trax's layout and ours differ (SparseFF's [d_model,
 d_ff/N, N] and [N, d_ff/N, d_model] arrays vs our [d_ff, d_model] rows) the
 shapes differ, and everywhere else they hold the same arrays in the same
 order. When neither fits, the error names the first misfit of both.
 """
-import os
-
 import jax
 import jax.numpy as jnp
 import numpy as np
 from trax import fastmath
 from trax import layers as tl
 
-from terraformer import checkpoints
+from terraformer.checkpoint import format as checkpoint_format
 from terraformer.errors import TerraformerError
 
-_PKL = '.pkl.gz'
-
-
 def checkpoint_file(path):
-  """The `.pkl.gz` file of a checkpoint given as a directory or a file."""
-  path = os.path.expanduser(path)
-  if os.path.isdir(path):
-    path = os.path.join(path, 'model' + _PKL)
-    if not os.path.isfile(path):
-      raise TerraformerError(
-          f'init_checkpoint: no checkpoint (model{_PKL}) in '
-          f'{os.path.dirname(path)}')
-    return path
-  if not os.path.isfile(path):
-    raise TerraformerError(f'init_checkpoint {path!r} not found')
-  if not path.endswith(_PKL):
-    raise TerraformerError(
-        f'init_checkpoint {path!r} is not a Trax checkpoint (*{_PKL} or a '
-        'directory holding model.pkl.gz)')
-  return path
-
-
-def load_flat_weights(path):
-  """The flat list of weight arrays of a checkpoint (directory or file)."""
-  flat = checkpoints.read_trax_checkpoint(checkpoint_file(path))
-  return [np.asarray(w) for w in flat['flat_weights']]
+  """The `.pkl.gz` file of `init_checkpoint` (a directory or a file)."""
+  return checkpoint_format.checkpoint_file(path, what='init_checkpoint')
 
 
 def named_weights(layer, weights=None, path=None):
@@ -110,10 +85,7 @@ def match(checkpoint, model_named, source='checkpoint'):
 
 
 def _as_dtype(array, dtype):
-  if array.dtype == np.uint16 and dtype == jnp.bfloat16:
-    # Trax saves bfloat16 weights bit-cast to uint16.
-    return np.asarray(array.view(dtype))
-  return array.astype(dtype, copy=False)
+  return checkpoint_format.from_bits(array).astype(dtype, copy=False)
 
 
 def init_weights(loop, path):
@@ -128,7 +100,7 @@ def init_weights(loop, path):
   if len(named) != len(flat_model):  # A layer tree we cannot name.
     named = [(f'{model.name}.weights[#{i}]', w)
              for i, w in enumerate(flat_model)]
-  checkpoint = load_flat_weights(path)
+  checkpoint, _ = checkpoint_format.load_flat_weights(path, 'init_checkpoint')
   try:
     flat = match(checkpoint, named,
                  source=f'checkpoint {checkpoint_file(path)}')
@@ -143,7 +115,7 @@ def init_weights(loop, path):
 
 def _import_trax(model, checkpoint, error):
   """Weights of `model` from a Trax model's checkpoint, or one error."""
-  from terraformer import trax_import  # pylint: disable=g-import-not-at-top
+  from terraformer.trax_bridge import checkpoint_import as trax_import  # pylint: disable=g-import-not-at-top
   try:
     weights = trax_import.import_weights(model, checkpoint,
                                          source='Trax layout')

@@ -1,9 +1,9 @@
 """FSDP training: `terraformer.train(weight_sharding='fsdp')`.
 
-Trax's `Loop` (terraformer/training.py) keeps a whole copy of the weights and
-optimizer slots on every device, so it trains only what fits on one device.
-With `weight_sharding = 'fsdp'` the steps are `distributed.ShardedTrainer`'s
-instead: every weight and optimizer slot split over all devices of all
+Trax's `Loop` (terraformer/training/loop.py) keeps a whole copy of the
+weights and optimizer slots on every device, so it trains only what fits on
+one device. With `weight_sharding = 'fsdp'` the steps are `ShardedTrainer`'s
+(below) instead: every weight and optimizer slot split over all devices of all
 processes (initialized already sharded), the global batch split over the same
 mesh axis. This loop does around it what `_CheckpointedLoop` does around
 Trax's steps, in the same files and names:
@@ -29,12 +29,13 @@ Trax's steps, in the same files and names:
   `skip_non_finite` (decided inside the jitted step).
 """
 import os
-import shutil
 import time
 
 import gin
 import jax
+import jax.numpy as jnp
 import numpy as np
+from jax.sharding import Mesh
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec
 from trax import jaxboard
@@ -42,15 +43,248 @@ from trax import layers as tl
 from trax import shapes
 from trax.supervised import history as trax_history
 
-from terraformer import checkpoints
+from terraformer.checkpoint import format as checkpoint_format
+from terraformer.checkpoint import store as checkpoints
 from terraformer import distributed
 from terraformer import errors
 from terraformer import supervisor
+from terraformer.runtime import say
+from terraformer.training import resume
 
-def _log(step, message):
-  """A Trax-style log line (`Step      N: ...`), process 0 only."""
-  if not jax.process_index():
-    print(f'Step {step:6d}: {message}', flush=True)
+MESH_AXIS = 'fsdp'  # One axis: weights, slots and the batch split over it.
+
+
+def device_mesh(devices=None):
+  """A 1-D mesh (axis `MESH_AXIS`) over `devices` (default: all, global)."""
+  devices = jax.devices() if devices is None else devices
+  return Mesh(np.asarray(devices), (MESH_AXIS,))
+
+
+def fsdp_spec(shape, n_devices):
+  """PartitionSpec splitting the largest axis of `shape` divisible by
+  `n_devices` over the mesh; replicated if no axis divides (small vectors)."""
+  candidates = [(size, -axis) for axis, size in enumerate(shape)
+                if size >= n_devices and size % n_devices == 0]
+  if n_devices == 1 or not candidates:
+    return PartitionSpec()
+  axis = -max(candidates)[1]
+  return PartitionSpec(*[MESH_AXIS if i == axis else None
+                         for i in range(len(shape))])
+
+
+def fsdp_shardings(tree, mesh):
+  """NamedShardings of `fsdp_spec` for every array leaf of `tree`."""
+  n = mesh.devices.size
+  return jax.tree_util.tree_map(
+      lambda x: NamedSharding(mesh, fsdp_spec(np.shape(x), n)), tree)
+
+
+def _replicated(tree, mesh):
+  return jax.tree_util.tree_map(
+      lambda _: NamedSharding(mesh, PartitionSpec()), tree)
+
+
+def _batch_shardings(batch, mesh):
+  return tuple(NamedSharding(mesh, PartitionSpec(MESH_AXIS)) for _ in batch)
+
+
+class ShardedTrainer:
+  """Jitted training steps of a Trax model with FSDP-sharded weights/slots.
+
+  The training math is Trax's (`tl.Serial(model, loss_layer)`, the
+  optimizer's `tree_update` at 1-based steps, as `trax.optimizers.Trainer`
+  does for one device); only where arrays live differs. Weights are
+  initialized as Trax's `Loop` does for the same seed (the second half of
+  `PRNGKey(seed)` split in two), but by one jitted call whose outputs are
+  already sharded: initialization never puts a whole model on a host or a
+  device. Evaluations run `eval_model` (default: `model`) with the training
+  weights and state, as Loop's `run_evals`. Every
+  process builds the same trainer and calls `train_step` with its own rows
+  of each global batch (`process_rows`).
+
+  With `skip_non_finite`, a step whose loss or gradient norm is not finite
+  leaves weights and slots unchanged (decided inside the jitted step). With
+  `abstract`, nothing is allocated (weights, slots and state are shapes
+  with shardings): for `compiled_step_memory` only.
+
+  With `gather_weights`, every weight is gathered whole at the start of the
+  step (and of an evaluation); weights and slots stay split at rest and the
+  update. Without it XLA follows the weights' split along their feature axis
+  into tensor-parallel attention and loss, keeping the attention scores of
+  the whole batch on every device (README, "Sharded weights"); with it the
+  activations are split along the batch, at the cost of the whole weights on
+  each device during the step: for models whose weights fit on one device.
+  """
+
+  def __init__(self, model, loss_layer, optimizer, lr_schedule, sample_batch,
+               mesh=None, seed=0, skip_non_finite=False, abstract=False,
+               gather_weights=False, eval_model=None):
+    self.mesh = device_mesh() if mesh is None else mesh
+    self._lr_schedule = lr_schedule
+    self._optimizer = optimizer
+    self._eval_model = model if eval_model is None else eval_model
+    self._model_with_loss = tl.Serial(model, loss_layer)
+    self._skip_non_finite = skip_non_finite
+    self._gather_weights = gather_weights
+    signature = shapes.signature(tuple(sample_batch))
+    self.rng, init_rng = jax.random.split(jax.random.PRNGKey(seed))
+
+    def init(rng):
+      weights, state = model.init(signature, rng=rng)
+      return weights, state, optimizer.tree_init(weights)[0]
+    weights, state, slots = jax.eval_shape(init, init_rng)
+    self._w_shard = fsdp_shardings(weights, self.mesh)
+    self._s_shard = fsdp_shardings(slots, self.mesh)
+    self._state_shard = _replicated(state, self.mesh)
+    shardings = (self._w_shard, self._state_shard, self._s_shard)
+    if abstract:
+      self.weights, self.state, self.slots = jax.tree_util.tree_map(
+          lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
+          (weights, state, slots), shardings)
+    else:
+      self.weights, self.state, self.slots = jax.jit(
+          init, out_shardings=shardings)(init_rng)
+    self._loss_weights = loss_layer.weights
+    self._loss_state = loss_layer.state
+    self._opt_params = optimizer.tree_init(())[1]
+    self.step = 0
+    self.last_stats = {}
+    self._batch_shard = _batch_shardings(sample_batch, self.mesh)
+    self._sample_batch = [jax.ShapeDtypeStruct(np.shape(x), x.dtype)
+                          for x in sample_batch]
+    replicated = NamedSharding(self.mesh, PartitionSpec())
+    self._replicated = replicated
+    self._step_fn = jax.jit(
+        self._train_step,
+        in_shardings=(self._w_shard, self._s_shard, self._state_shard,
+                      self._batch_shard, replicated, replicated, None),
+        out_shardings=(self._w_shard, self._s_shard, self._state_shard,
+                       replicated, replicated),
+        donate_argnums=(0, 1))
+    self._eval_fns = {}
+
+  def _train_step(self, weights, slots, state, batch, rng, step, opt_params):
+    def loss_fn(w):
+      w = self._gathered_in_step(w)
+      loss, new_state = self._model_with_loss.pure_fn(
+          batch, (w, self._loss_weights), (state, self._loss_state), rng)
+      return loss, new_state[0]
+    (loss, new_state), grads = jax.value_and_grad(loss_fn, has_aux=True)(
+        weights)
+    new_weights, new_slots, stats = self._optimizer.tree_update(
+        step, grads, weights, slots, opt_params, store_slots=False)
+    if self._skip_non_finite:
+      finite = jnp.isfinite(loss) & jnp.isfinite(stats['gradients_l2'])
+      keep = lambda new, old: jnp.where(finite, new, old)
+      new_weights = jax.tree_util.tree_map(keep, new_weights, weights)
+      new_slots = jax.tree_util.tree_map(keep, new_slots, slots)
+      new_state = jax.tree_util.tree_map(keep, new_state, state)
+    return new_weights, new_slots, new_state, loss, stats
+
+  def compiled_step_memory(self):
+    """XLA's memory analysis of the compiled training step, per device.
+
+    Returns a dict of bytes: `arguments` (weights, slots, state and batch
+    shards), `outputs`, `aliased` (outputs written over donated arguments),
+    `temporaries` (activations and other scratch), and `peak` = arguments +
+    outputs - aliased + temporaries.
+    """
+    batch = tuple(jax.ShapeDtypeStruct(np.shape(x), x.dtype, sharding=s)
+                  for x, s in zip(self._sample_batch, self._batch_shard))
+    opt_params = dict(self._opt_params, learning_rate=jnp.float32(0))
+    analysis = self._step_fn.lower(
+        self.weights, self.slots, self.state, batch, self.rng,
+        jnp.asarray(1), opt_params).compile().memory_analysis()
+    memory = {'arguments': analysis.argument_size_in_bytes,
+              'outputs': analysis.output_size_in_bytes,
+              'aliased': analysis.alias_size_in_bytes,
+              'temporaries': analysis.temp_size_in_bytes}
+    memory['peak'] = (memory['arguments'] + memory['outputs']
+                      - memory['aliased'] + memory['temporaries'])
+    return memory
+
+  def _gathered_in_step(self, weights):
+    if not self._gather_weights:
+      return weights
+    return jax.lax.with_sharding_constraint(
+        weights, _replicated(weights, self.mesh))
+
+  def global_batch(self, local_batch):
+    """Global arrays from this process's rows of each batch array."""
+    return tuple(jax.make_array_from_process_local_data(s, np.asarray(x))
+                 for s, x in zip(self._batch_shard, local_batch))
+
+  def new_rng(self):
+    self.rng, rng = jax.random.split(self.rng)
+    return rng
+
+  def _collective(self, call):
+    try:
+      return call()
+    except jax.errors.JaxRuntimeError as e:
+      if jax.process_count() == 1:
+        raise
+      raise distributed.ProcessGroupError(
+          f'step {self.step}: a collective with the other processes failed '
+          f'(another process probably died): {errors.first_line(e)}') from None
+
+  def train_step(self, local_batch):
+    """One step on this process's rows; returns the global batch's loss.
+
+    `last_stats` then holds the step's `gradients_l2`, `weights_l2` and
+    `loss` (Trax's Trainer's stats).
+    """
+    self.step += 1
+    rng = self.new_rng()
+    opt_params = dict(self._opt_params)
+    opt_params['learning_rate'] = jnp.asarray(
+        self._lr_schedule(self.step), jnp.float32)
+
+    def call():
+      self.weights, self.slots, self.state, loss, stats = self._step_fn(
+          self.weights, self.slots, self.state,
+          self.global_batch(local_batch), rng, jnp.asarray(self.step),
+          opt_params)
+      loss = float(loss)
+      # Trax's Trainer adds the loss to the optimizer's stats.
+      self.last_stats = dict({k: float(v) for k, v in stats.items()},
+                             loss=loss)
+      return loss
+    return self._collective(call)
+
+  def evaluate(self, local_batch, metric_layers):
+    """Each of `metric_layers` on the global batch (this process's rows),
+    by the eval model with the current weights and state."""
+    key = tuple(id(m) for m in metric_layers)
+    if key not in self._eval_fns:
+      branch = tl.Branch(*metric_layers)
+      metrics = tl.Serial(self._eval_model, branch)
+      metric_weights, metric_state = branch.weights, branch.state
+
+      def evaluate(weights, state, batch, rng):
+        weights = self._gathered_in_step(weights)
+        values, _ = metrics.pure_fn(batch, (weights, metric_weights),
+                                    (state, metric_state), rng)
+        return tuple(values) if len(metric_layers) > 1 else (values,)
+      self._eval_fns[key] = jax.jit(evaluate, in_shardings=(
+          self._w_shard, self._state_shard, self._batch_shard,
+          self._replicated), out_shardings=self._replicated)
+    rng = self.new_rng()
+    return self._collective(lambda: [float(v) for v in self._eval_fns[key](
+        self.weights, self.state, self.global_batch(local_batch), rng)])
+
+  def gathered_weights(self):
+    """The full weights as numpy arrays (on every process)."""
+    return self.gathered(self.weights)
+
+  def gathered(self, tree):
+    """`tree` of global arrays as numpy arrays, on every process.
+
+    One leaf at a time: a device holds at most the largest leaf whole.
+    """
+    gather = jax.jit(lambda x: x, out_shardings=self._replicated)
+    return jax.tree_util.tree_map(
+        lambda x: np.asarray(self._collective(lambda: gather(x))), tree)
 
 
 def new_since_eval():
@@ -156,7 +390,7 @@ class FsdpLoop:
       flat_weights, flat_state = tl.flatten_weights_and_state(weights, state)
       path = os.path.join(self._output_dir, f'{basename}.pkl.gz')
       try:
-        checkpoints.write_trax_checkpoint(path, {
+        checkpoint_format.write_trax_checkpoint(path, {
             'step': self.step, 'flat_weights': flat_weights,
             'flat_state': flat_state, 'flat_eval_state': flat_state,
             'history': self.history.to_dict(), 'slots_per_task': [],
@@ -179,7 +413,8 @@ class FsdpLoop:
     width = max(len(name) for name in ['loss'] + self._metric_names)
     for name, value in values.items():
       if stdout:
-        _log(self.step, f'{mode.ljust(5)} {name.rjust(width)} | {value: .8f}')
+        say(f'Step {self.step:6d}: {mode.ljust(5)} {name.rjust(width)} | '
+            f'{value: .8f}')
       if writer is not None:
         writer.scalar(prefix + name, value, self.step)
       self.history.append(mode, prefix + name, self.step, value)
@@ -250,8 +485,8 @@ class FsdpLoop:
           elapsed = time.time() - start
           sums, self.since_eval = self.since_eval, new_since_eval()
           n = max(sums['steps'], 1)
-          _log(self.step,
-               f'Ran {sums["steps"]} train steps in {elapsed:0.2f} secs')
+          say(f'Step {self.step:6d}: Ran {sums["steps"]} train steps in '
+              f'{elapsed:0.2f} secs')
           self._summaries('train', {'loss': sums['loss'] / n}, 'metrics/')
           if self.step == 1:
             self._save_gin()
@@ -278,14 +513,13 @@ def train_fsdp(output_dir, train_model, eval_model, train_batch,
                random_seed, keep_checkpoints, skip_non_finite,
                write_model_pkl, gather_weights, eval_at, checkpoint_at,
                permanent_checkpoint_at, metric_layers, metric_names,
-               progress, say):
+               progress):
   """Trains to `steps` with FSDP (module docstring); `terraformer.train`'s
   arguments, already checked and built. Returns the `FsdpLoop`."""
-  fresh = not jax.process_index() and not os.path.exists(output_dir)
-  try:
+  with resume.removed_if_failed(output_dir, not jax.process_index()):
     store = checkpoints.CheckpointStore(output_dir, keep=keep_checkpoints,
                                         sharded=True)
-    trainer = distributed.ShardedTrainer(
+    trainer = ShardedTrainer(
         train_model, tl.WeightedCategoryCrossEntropy(), optimizer,
         lr_schedule, train_batch, seed=random_seed,
         skip_non_finite=skip_non_finite, gather_weights=gather_weights,
@@ -297,18 +531,8 @@ def train_fsdp(output_dir, train_model, eval_model, train_batch,
                     write_model_pkl=write_model_pkl,
                     skip_non_finite=skip_non_finite)
     loop.restore()
-  except BaseException:
-    if fresh and os.path.isdir(output_dir):  # Nothing of value written yet.
-      shutil.rmtree(output_dir)
-    raise
-  for _ in range(loop.batches_consumed):  # Where the checkpoint's data was.
-    next(train_batches)
   progress.attach(loop)
-  if loop.step:
-    say(f'Resuming from checkpoint at step {loop.step} in {output_dir} '
-        f'({loop.batches_consumed} train batches skipped)')
-  if loop.step >= steps:
-    say(f'Already trained for {loop.step} >= {steps} steps.')
+  if not resume.resume(loop, train_batches, steps, output_dir):
     return loop
   processes = (f', {jax.process_count()} processes'
                if distributed.is_multiprocess() else '')

@@ -3,7 +3,7 @@
 `train` is gin-configurable as `terraformer.train` (a bare `train.` selector
 is ambiguous: Trax registers `trax.supervised.trainer_lib.train` too). Loop
 writes TensorBoard event files (`train/`, `eval/`) into `output_dir`;
-checkpoints are crash-safe (`terraformer.checkpoints`): `_CheckpointedLoop`
+checkpoints are crash-safe (`terraformer.checkpoint.store`): `_CheckpointedLoop`
 replaces Loop's `save_checkpoint`/`load_checkpoint` and resumes exactly (the
 weights, state, optimizer slots, rng, step and data position of the newest
 verified checkpoint), and stops at the first non-finite loss or gradient norm.
@@ -17,12 +17,11 @@ NaN guard use means over all processes. Trax's own Loop reports host-local
 losses and process 0's evals only (its `run_evals` TODO); this one does not.
 
 `weight_sharding = 'fsdp'` trains without Trax's Loop, with every weight and
-optimizer slot split over all devices (terraformer/sharded_training.py).
+optimizer slot split over all devices (terraformer/training/fsdp.py).
 """
 import itertools
 import math
 import os
-import shutil
 import time
 
 import gin
@@ -35,16 +34,17 @@ from trax.supervised import history as trax_history
 from trax.supervised import lr_schedules
 from trax.supervised import training
 
-from terraformer import checkpoints
-from terraformer import compat
 from terraformer import distributed
 from terraformer import errors
-from terraformer import finetune
-from terraformer import sharded_training
 from terraformer import supervisor
+from terraformer.checkpoint import format as checkpoint_format
+from terraformer.checkpoint import store as checkpoints
 from terraformer.data import streaming
+from terraformer.runtime import say
+from terraformer.training import finetune
+from terraformer.training import fsdp as sharded_training
+from terraformer.training import resume
 
-compat.apply()  # Loop needs them (checkpoint restore, devices) outside CLIs.
 
 # Eval metrics, by name; log_perplexity is the cross-entropy in nats/token.
 EVAL_METRICS = ('loss', 'accuracy', 'log_perplexity')
@@ -107,12 +107,6 @@ def _this_process_rows(stream_fn):
         batch = tuple(np.asarray(x)[rows] for x in batch)
       yield batch
   return stream
-
-
-def say(message):
-  """A progress line, printed by process 0 only (all of a 1-process run)."""
-  if not jax.process_index():
-    print(message, flush=True)
 
 
 def _first_non_finite(loss, stats):
@@ -220,7 +214,7 @@ class _CheckpointedLoop(training.Loop):
     path = os.path.join(self._output_dir, 'model.pkl.gz')
     if not os.path.isfile(path):
       return
-    flat = checkpoints.read_trax_checkpoint(path)['flat_weights']
+    flat = checkpoint_format.read_trax_checkpoint(path)['flat_weights']
     n_model = len(_leaves(self._model.weights))
     if len(flat) != n_model:
       raise errors.TerraformerError(
@@ -298,7 +292,7 @@ class _CheckpointedLoop(training.Loop):
     if arrays is not None:
       self._store.save(self.step, arrays, self._position())
     try:
-      checkpoints.write_trax_checkpoint(
+      checkpoint_format.write_trax_checkpoint(
           os.path.join(self._output_dir, f'{basename}.pkl.gz'),
           trax_checkpoint)
     except OSError as e:
@@ -458,21 +452,6 @@ def _remove_broken_data_counters(output_dir):
               'save; unused here)', flush=True)
 
 
-def model_reference():
-  """The gin reference bound to `terraformer.train.model` (e.g. @Terraformer)."""
-  try:
-    return gin.query_parameter('terraformer.train.model')
-  except ValueError:
-    raise errors.TerraformerError(
-        'no model configured: bind terraformer.train.model') from None
-
-
-def model_from_config():
-  """The model function bound to `terraformer.train.model`."""
-  ref = model_reference()
-  return getattr(ref, 'scoped_configurable_fn', ref)
-
-
 @gin.configurable(module='terraformer')
 def train(output_dir,
           model=gin.REQUIRED,
@@ -526,7 +505,7 @@ def train(output_dir,
     weight_sharding: 'replicated': Trax's Loop, a whole copy of the weights
       and slots on every device (pmap). 'fsdp': every weight and optimizer
       slot split over all devices of all processes (`ShardedTrainer`, one
-      jitted SPMD step; sharded checkpoints; terraformer/sharded_training.py)
+      jitted SPMD step; sharded checkpoints; terraformer/training/fsdp.py)
       for models that do not fit on one device. Not with
       `use_memory_efficient_trainer`, `callbacks` or `init_checkpoint`.
     write_model_pkl: 'fsdp' only: also write `model.pkl.gz` (the weights
@@ -576,7 +555,7 @@ def train(output_dir,
         fsdp_gather_weights, eval_at,
         _every(checkpoint_every, steps),
         _every(permanent_checkpoint_every, None), _eval_metric_layers(),
-        list(EVAL_METRICS), progress, say)
+        list(EVAL_METRICS), progress)
 
   train_task = training.TrainTask(
       train_batches, tl.WeightedCategoryCrossEntropy(), optimizer(),
@@ -588,43 +567,33 @@ def train(output_dir,
 
   if init_checkpoint:
     finetune.checkpoint_file(init_checkpoint)  # Fail before writing anything.
-  fresh = chief and not os.path.exists(output_dir)
   try:
-    store = None
-    if chief:
-      _remove_broken_data_counters(output_dir)
-      store = checkpoints.CheckpointStore(output_dir, keep=keep_checkpoints)
-    loop = _CheckpointedLoop(
-        train_model, [train_task], eval_model=eval_model,
-        eval_tasks=[eval_task], output_dir=output_dir if chief else None,
-        eval_at=eval_at,
-        checkpoint_at=_every(checkpoint_every, steps),
-        permanent_checkpoint_at=_every(permanent_checkpoint_every, None),
-        random_seed=random_seed,
-        use_memory_efficient_trainer=use_memory_efficient_trainer,
-        callbacks=[progress.attach] + list(callbacks), store=store,
-        skip_non_finite=skip_non_finite)
-    if init_checkpoint and not loop.step:
-      n_loaded = finetune.init_weights(loop, init_checkpoint)
-      say(f'Fine-tuning from {init_checkpoint}: loaded {n_loaded} weight '
-           'arrays (optimizer state and step start fresh)')
+    with resume.removed_if_failed(output_dir, chief):
+      store = None
+      if chief:
+        _remove_broken_data_counters(output_dir)
+        store = checkpoints.CheckpointStore(output_dir, keep=keep_checkpoints)
+      loop = _CheckpointedLoop(
+          train_model, [train_task], eval_model=eval_model,
+          eval_tasks=[eval_task], output_dir=output_dir if chief else None,
+          eval_at=eval_at,
+          checkpoint_at=_every(checkpoint_every, steps),
+          permanent_checkpoint_at=_every(permanent_checkpoint_every, None),
+          random_seed=random_seed,
+          use_memory_efficient_trainer=use_memory_efficient_trainer,
+          callbacks=[progress.attach] + list(callbacks), store=store,
+          skip_non_finite=skip_non_finite)
+      if init_checkpoint and not loop.step:
+        n_loaded = finetune.init_weights(loop, init_checkpoint)
+        say(f'Fine-tuning from {init_checkpoint}: loaded {n_loaded} weight '
+            'arrays (optimizer state and step start fresh)')
   except BaseException as e:
-    if fresh and os.path.isdir(output_dir):  # Nothing of value written yet.
-      shutil.rmtree(output_dir)
     if _another_process_failed(e):
       raise _process_group_error(e, 'start-up') from None
     raise
 
-  for _ in range(loop.batches_consumed):  # Where the checkpoint's data was.
-    next(train_batches)
-  if loop.step:
-    say(f'Resuming from checkpoint at step {loop.step} in {output_dir} '
-         f'({loop.batches_consumed} train batches skipped)')
-    if init_checkpoint:
-      say(f'init_checkpoint {init_checkpoint} not loaded: resuming from the '
-           'checkpoint in output_dir takes precedence')
-  if loop.step >= steps:
-    say(f'Already trained for {loop.step} >= {steps} steps.')
+  if not resume.resume(loop, train_batches, steps, output_dir,
+                       init_checkpoint):
     return loop
   processes = (f' ({jax.process_count()} processes, '
                f'{jax.device_count()} devices in all)'

@@ -1,6 +1,6 @@
 """Soak test of crash-safe training: kill -9 a run at random moments, resume.
 
-  python -m terraformer.soak --work_dir=DIR [--kills=50] [--steps=200]
+  python -m terraformer.training.soak --work_dir=DIR [--kills=50] [--steps=200]
       [--checkpoint_every=5] [--max_delay=4] [--seed=0]
       [--config_file=gin/tiny/soak.gin] [--random_draws] [--config=BINDING]
 
@@ -38,7 +38,8 @@ import time
 
 import numpy as np
 
-from terraformer import checkpoints
+from terraformer.checkpoint import format as checkpoint_format
+from terraformer.checkpoint import store as checkpoints
 
 _GIN_DIR = os.path.join(os.path.dirname(os.path.dirname(
     os.path.abspath(__file__))), 'gin')
@@ -98,7 +99,7 @@ def _leftovers(output_dir):
 
 
 def _same_weights(dir_a, dir_b):
-  a, b = (checkpoints.read_trax_checkpoint(os.path.join(d, 'model.pkl.gz'))
+  a, b = (checkpoint_format.read_trax_checkpoint(os.path.join(d, 'model.pkl.gz'))
           for d in (dir_a, dir_b))
   flat = lambda c: list(c['flat_weights']) + [
       s for slots in c['slots_per_task'] for s in slots]

@@ -51,19 +51,16 @@ Layout changes (the transforms in `_LAYER_IMPORTS`):
   The other layers store Trax's arrays as they are (FactoredDense = our
   MultiplicativeDense, LocallyConvDense = our ModuleConv, per output).
 """
-import gzip
 import math
 import os
-import pickle
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 from trax import layers as tl
 from trax import shapes
 
-from terraformer import decoding
-from terraformer import finetune
+from terraformer.checkpoint import format as checkpoint_format
+from terraformer.decoding import search as decoding
 from terraformer.errors import TerraformerError
 from terraformer.layers import low_rank_sru
 from terraformer.layers import multiplicative_dense
@@ -71,7 +68,6 @@ from terraformer.layers import reversible
 from terraformer.layers import sparse_ff
 from terraformer.layers import sparse_qkv_attention
 
-_PKL = '.pkl.gz'
 
 # Our model functions and the Trax model each one imports.
 TRAX_COUNTERPARTS = {
@@ -373,21 +369,6 @@ def _has_reversible(layer):
   return any(_has_reversible(sub) for sub in layer.sublayers)
 
 
-def read_trax_checkpoint(path):
-  """(flat weight arrays, step) of a Trax 1.4.1 Loop checkpoint."""
-  flat = finetune.load_flat_weights(path)
-  try:
-    step = _unpickle(finetune.checkpoint_file(path)).get('step')
-  except Exception:  # pylint: disable=broad-except
-    step = None
-  return flat, step
-
-
-def _unpickle(pkl):
-  with gzip.open(pkl, 'rb') as f:
-    return pickle.load(f)
-
-
 def _input_signature(model, length=16):
   """Tokens [1, length]; with LSH, length is a multiple of its chunks."""
   chunks = _lsh_chunk_lens(model)
@@ -411,7 +392,8 @@ def import_weights(model, flat, source='Trax checkpoint', signature=None):
   Args:
     model: our model (e.g. `ScalingTransformerLM(mode='eval')`), built from
       the config matching the Trax model's hyperparameters; not initialized.
-    flat: the checkpoint's flat list of arrays (`read_trax_checkpoint`).
+    flat: the checkpoint's flat list of arrays
+      (`terraformer.checkpoint.format.load_flat_weights`).
     source: what to call the checkpoint in errors.
     signature: input signature for our model's shapes (a default if None).
 
@@ -445,16 +427,10 @@ def import_weights(model, flat, source='Trax checkpoint', signature=None):
   built = []
   for _, imp, _ in plan.entries:
     chunk = [np.asarray(next(arrays)) for _ in imp.trax]
-    built.append(imp.build([_from_bits(a) for a in chunk]))
+    built.append(imp.build([checkpoint_format.from_bits(a) for a in chunk]))
   weights = plan.fill(model, weights_sig, built)
   return jax.tree_util.tree_map(
       lambda w, s: np.asarray(w).astype(s.dtype), weights, weights_sig)
-
-
-def _from_bits(array):
-  if array.dtype == np.uint16:  # Trax saves bfloat16 bit-cast to uint16.
-    return np.asarray(array.view(jnp.bfloat16))
-  return array
 
 
 def load_trax_into(model, path, signature=None):
@@ -462,8 +438,8 @@ def load_trax_into(model, path, signature=None):
 
   Returns (weights tree, step of the checkpoint).
   """
-  flat, step = read_trax_checkpoint(path)
-  source = f'Trax checkpoint {finetune.checkpoint_file(path)}'
+  flat, step = checkpoint_format.load_flat_weights(path, 'Trax checkpoint')
+  source = f'Trax checkpoint {checkpoint_format.checkpoint_file(path)}'
   return import_weights(model, flat, source, signature), step
 
 
@@ -473,24 +449,16 @@ def flat_arrays(weights):
 
 
 def write_checkpoint(weights, output_dir, step=0, source=None):
-  """Writes `weights` as a Loop checkpoint (`model.pkl.gz` + weights file).
+  """Writes `weights` as a Loop checkpoint `output_dir/model.pkl.gz`.
 
   terraformer-decode / -eval (`evaluation.load_model`) and
-  `train(init_checkpoint=...)` read it. Files are written under temporary
-  names and renamed, so a crash leaves no half checkpoint.
+  `train(init_checkpoint=...)` read it. It is written atomically
+  (`terraformer.checkpoint.format`), so a crash leaves no half checkpoint.
   """
-  os.makedirs(output_dir, exist_ok=True)
-  flat = [np.asarray(jax.lax.bitcast_convert_type(w, np.uint16))
-          if w.dtype == jnp.bfloat16 else w for w in flat_arrays(weights)]
-  base = os.path.join(output_dir, 'model')
-  compresslevel = 2
-  tl.np_to_file(flat, base + '.weights.npy.gz._tmp_',
-                compresslevel=compresslevel)
-  record = {'step': step, 'flat_weights': compresslevel, 'flat_state': (),
-            'flat_eval_state': (), 'slots_per_task': compresslevel,
-            'imported_from': source, 'version_timestamp': 'Mar-10-2021'}
-  with gzip.open(base + _PKL + '._tmp_', 'wb') as f:
-    pickle.dump(record, f)
-  os.replace(base + '.weights.npy.gz._tmp_', base + '.weights.npy.gz')
-  os.replace(base + _PKL + '._tmp_', base + _PKL)
-  return base + _PKL
+  path = os.path.join(output_dir, checkpoint_format.CHECKPOINT)
+  flat = [checkpoint_format.to_bits(w) for w in flat_arrays(weights)]
+  checkpoint_format.write_trax_checkpoint(path, {
+      'step': step, 'flat_weights': flat, 'flat_state': (),
+      'flat_eval_state': (), 'slots_per_task': (),
+      'imported_from': source, 'version_timestamp': 'Mar-10-2021'})
+  return path

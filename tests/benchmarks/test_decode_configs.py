@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 from trax.layers.research import sparsity as trax_sparsity
 
-from terraformer import benchmark
-from terraformer import decode_speed
+from terraformer.benchmarks import decode_configs as benchmark
+from terraformer.benchmarks import decode_speed
 from terraformer import errors
 from terraformer.cli import common
 

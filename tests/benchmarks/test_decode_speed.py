@@ -9,8 +9,8 @@ import jax.numpy as jnp
 from trax import shapes
 from trax.models.research import configurable_transformer as ct
 
-from terraformer import decode_speed
-from terraformer import decode_step
+from terraformer.benchmarks import decode_speed
+from terraformer.decoding import step as decode_step
 from terraformer import errors
 from terraformer.layers.prefix_attention import bucket_for
 from terraformer.models import ScalingTransformer

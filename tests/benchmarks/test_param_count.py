@@ -11,7 +11,7 @@ from trax import layers as tl
 from trax import shapes
 
 from terraformer import errors
-from terraformer import param_count
+from terraformer.benchmarks import param_count
 
 import peak_rss  # tests/peak_rss.py
 
@@ -103,7 +103,7 @@ def test_model_is_left_untouched():
 _COUNT_800M = """
 import json, time
 import trax
-from terraformer import param_count
+from terraformer.benchmarks import param_count
 model = lambda mode: trax.models.TransformerLM(
     32000, d_model=2048, d_ff=8192, n_layers=16, n_heads=2, max_len=2048,
     mode=mode)
@@ -130,7 +130,7 @@ def test_800m_model_in_seconds_without_allocating():
 
 
 def test_model_from_gin_train_binding():
-  from terraformer import training  # pylint: disable=unused-import
+  from terraformer.training import loop as training  # pylint: disable=unused-import
   gin.clear_config()
   gin.parse_config([
       'terraformer.train.model = @trax.models.TransformerLM',

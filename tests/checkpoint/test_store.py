@@ -1,13 +1,11 @@
-"""terraformer.checkpoints: atomic commit, verified restore, cleanup, ENOSPC."""
+"""terraformer.checkpoint.store: atomic commit, verified restore, cleanup, ENOSPC."""
 import errno
-import gzip
 import os
-import pickle
 
 import numpy as np
 import pytest
 
-from terraformer import checkpoints
+from terraformer.checkpoint import store as checkpoints
 from terraformer.errors import TerraformerError
 
 
@@ -130,62 +128,14 @@ def test_disk_full_removes_the_partial_step_and_keeps_the_last(
   assert _restore(tmp_path)[0] == 2
 
 
-def test_atomic_write_keeps_the_old_file_on_failure(tmp_path):
-  path = str(tmp_path / 'model.pkl.gz')
-  checkpoints.write_trax_checkpoint(path, {'flat_weights': [np.ones(2)]})
-
-  def fails(f):
-    f.write(b'partial')
-    raise OSError(errno.ENOSPC, 'No space left on device')
-  with pytest.raises(OSError):
-    checkpoints.atomic_write(path, fails)
-  assert os.listdir(tmp_path) == ['model.pkl.gz']
-  saved = checkpoints.read_trax_checkpoint(path)['flat_weights']
-  np.testing.assert_array_equal(saved[0], np.ones(2))
-
-
-def _trax_split_checkpoint(folder, n_arrays=3):
-  """A Loop checkpoint in Trax's split format (pkl + weights file)."""
-  from trax import layers as tl  # pylint: disable=g-import-not-at-top
-  weights = [np.full((64, 64), i, np.float32) for i in range(n_arrays)]
-  tl.np_to_file(weights, str(folder / 'model.weights.npy.gz'),
-                compresslevel=2)
-  with gzip.open(folder / 'model.pkl.gz', 'wb') as f:
-    pickle.dump({'flat_weights': 2, 'step': 5}, f)
-  return str(folder / 'model.pkl.gz')
-
-
-def test_a_truncated_trax_weights_file_is_named(tmp_path):
-  from trax import layers as tl  # pylint: disable=g-import-not-at-top
-  pkl = _trax_split_checkpoint(tmp_path)
-  assert len(checkpoints.read_trax_checkpoint(pkl)['flat_weights']) == 3
-  weights_file = tmp_path / 'model.weights.npy.gz'
-  with open(weights_file, 'r+b') as f:
-    f.truncate(os.path.getsize(weights_file) * 2 // 3)
-  # Trax's reader silently returns the first arrays only ...
-  assert 0 < len(tl.np_from_file(str(weights_file), compresslevel=2)) < 3
-  # ... ours names the file.
-  with pytest.raises(TerraformerError, match=(
-      f'checkpoint file {weights_file} is damaged or truncated')):
-    checkpoints.read_trax_checkpoint(pkl)
-  os.remove(weights_file)
-  with pytest.raises(TerraformerError, match=(
-      f'checkpoint file {weights_file} is missing')):
-    checkpoints.read_trax_checkpoint(pkl)
-  (tmp_path / 'model.pkl.gz').write_bytes(b'\x1f\x8b\x08 truncated')
-  with pytest.raises(TerraformerError, match=(
-      f'checkpoint file {pkl} is damaged or truncated')):
-    checkpoints.read_trax_checkpoint(pkl)
-
-
 def test_sharded_store_round_trips_global_arrays_and_skips_damage(
     tmp_path, capsys):
   """CheckpointStore(sharded=True) (FSDP): jax.Arrays split over a mesh are
   written and read back split the same way; a damaged newest is skipped."""
   import jax  # pylint: disable=g-import-not-at-top
-  from terraformer import distributed  # pylint: disable=g-import-not-at-top
-  mesh = distributed.device_mesh()
-  split = jax.sharding.NamedSharding(mesh, distributed.fsdp_spec(
+  from terraformer.training import fsdp  # pylint: disable=g-import-not-at-top
+  mesh = fsdp.device_mesh()
+  split = jax.sharding.NamedSharding(mesh, fsdp.fsdp_spec(
       (3, 4 * mesh.devices.size), mesh.devices.size))
 
   def arrays(step):

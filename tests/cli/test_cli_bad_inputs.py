@@ -34,7 +34,7 @@ def test_decode_rejects_binary_and_non_utf8_input_files(
 
 
 def test_decode_names_a_damaged_checkpoint_file(tmp_path):
-  from terraformer import evaluation  # pylint: disable=g-import-not-at-top
+  from terraformer.evaluation import rouge as evaluation  # pylint: disable=g-import-not-at-top
   import trax  # pylint: disable=g-import-not-at-top
   path = tmp_path / 'model.pkl.gz'
   with gzip.open(path, 'wb') as f:

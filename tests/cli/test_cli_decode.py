@@ -8,10 +8,9 @@ import pytest
 from trax import shapes
 
 import tiny_checkpoints
-from terraformer import decoding
-from terraformer import evaluation
-from terraformer import training
-from terraformer.cli import common
+from terraformer import config
+from terraformer.decoding import search as decoding
+from terraformer.evaluation import rouge as evaluation
 from terraformer.cli import decode as decode_cli
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -38,8 +37,8 @@ def _assert_one_line_error(err, *parts):
 
 def _oracle_predict_model(run, ckpt, signature):
   """The configured predict model with weights from Trax's own loader."""
-  common.parse_gin(*tiny_checkpoints.config_args_split(run))
-  model = training.model_from_config()(mode='predict')
+  config.parse_gin(*tiny_checkpoints.config_args_split(run))
+  model = config.model_from_config()(mode='predict')
   model.init_from_file(os.path.join(ckpt, 'model.pkl.gz'), weights_only=True,
                        input_signature=signature)
   return model, evaluation.text_vocab()

@@ -7,7 +7,7 @@ import pytest
 from rouge_score import rouge_scorer
 
 import tiny_checkpoints
-from terraformer import evaluation
+from terraformer.evaluation import rouge as evaluation
 from terraformer.cli import eval as eval_cli
 
 ROUGE = ('rouge1', 'rouge2', 'rougeLsum', 'rougeL')

@@ -5,8 +5,8 @@ import sys
 import numpy as np
 import pytest
 
-from terraformer import evaluation
-from terraformer import training
+from terraformer import config
+from terraformer.evaluation import rouge as evaluation
 from terraformer.cli import import_trax
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(
@@ -65,7 +65,7 @@ def test_imports_a_checkpoint_that_eval_and_decode_load(trax_checkpoint,
   assert sorted(os.listdir(out)) == ['model.pkl.gz', 'model.weights.npy.gz']
   # Loaded as terraformer-decode / -eval load checkpoints.
   tokens = np.random.RandomState(0).randint(1, VOCAB, (2, 8)).astype(np.int32)
-  model, step = evaluation.load_model(training.model_from_config(), str(out),
+  model, step = evaluation.load_model(config.model_from_config(), str(out),
                                       'eval', tc.int_signature((2, 8)))
   assert step == 42
   np.testing.assert_allclose(np.asarray(model(tokens)),

@@ -5,7 +5,8 @@ import os
 
 import pytest
 
-from terraformer import ood
+from terraformer import config
+from terraformer.evaluation import ood
 from terraformer.cli import ood as ood_cli
 
 # Shrinks the repository's cells to seconds: tiny lengths, model and steps.
@@ -83,10 +84,10 @@ def test_every_cell_config_parses():
   from terraformer.cli import common
   common.setup()
   for cell in ood.DEFAULT_CELLS:
-    _, path = ood.cell_config_file(cell, common._GIN_DIR)  # pylint: disable=protected-access
-    for extra in ([], [os.path.join(common._GIN_DIR, 'ood',  # pylint: disable=protected-access
+    _, path = ood.cell_config_file(cell, config.GIN_DIR)
+    for extra in ([], [os.path.join(config.GIN_DIR, 'ood',
                                     'paper_scale.gin')]):
-      common.parse_gin([path] + extra, [])
+      config.parse_gin([path] + extra, [])
       task = gin.query_parameter('terraformer.data.arithmetic_stream.task')
       assert cell.startswith(task + '_')
       assert gin.query_parameter('terraformer.train.model') is not None

@@ -7,7 +7,7 @@ import sys
 import pytest
 
 import tiny_lm
-from terraformer import checkpoints
+from terraformer.checkpoint import store as checkpoints
 from terraformer.cli import train as train_cli
 
 HERE = os.path.dirname(os.path.abspath(__file__))

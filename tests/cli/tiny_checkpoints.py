@@ -90,6 +90,6 @@ def last_eval_log_perplexity(train_stdout):
 
 
 def config_args_split(run):
-  """(config files, bindings) of a run, as `common.parse_gin` takes them."""
+  """(config files, bindings) of a run, as `config.parse_gin` takes them."""
   gin_file, bindings = run
   return [gin_file], list(bindings)

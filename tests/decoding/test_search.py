@@ -8,8 +8,8 @@ from trax import layers as tl
 from trax import shapes
 from trax.supervised import decoding as trax_decoding
 
-from terraformer import decode_step
-from terraformer import decoding
+from terraformer.decoding import step as decode_step
+from terraformer.decoding import search as decoding
 from terraformer import errors
 from terraformer.models import ScalingTransformer
 from terraformer.models import ScalingTransformerLM

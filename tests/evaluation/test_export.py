@@ -1,4 +1,4 @@
-"""terraformer.export: TensorBoard scalars -> CSV, JSON, PNG."""
+"""terraformer.evaluation.export: TensorBoard scalars -> CSV, JSON, PNG."""
 import csv
 import functools
 import json
@@ -10,7 +10,7 @@ import pytest
 import tensorflow as tf
 from trax import jaxboard
 
-from terraformer import export
+from terraformer.evaluation import export
 from terraformer.errors import TerraformerError
 
 PNG_MAGIC = b'\x89PNG\r\n\x1a\n'
@@ -155,7 +155,7 @@ def test_errors(runs, tmp_path):
 def test_export_of_a_real_training_run(tmp_path):
   """A 3-step Loop run: the exported eval metrics are its history's."""
   from trax.supervised import lr_schedules  # pylint: disable=g-import-not-at-top
-  from terraformer import training  # pylint: disable=g-import-not-at-top
+  from terraformer.training import loop as training  # pylint: disable=g-import-not-at-top
   import test_training  # pylint: disable=g-import-not-at-top
   loop = training.train(
       str(tmp_path / 'run'), model=test_training.tiny_lm,

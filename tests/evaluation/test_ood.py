@@ -1,4 +1,4 @@
-"""terraformer.ood: Table 4 metrics on hand-built predictions, evaluation."""
+"""terraformer.evaluation.ood: Table 4 metrics on hand-built predictions, evaluation."""
 import functools
 
 import gin
@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from terraformer import errors
-from terraformer import ood
+from terraformer.evaluation import ood
 from terraformer.data import arithmetic
 
 E = arithmetic.EOS_ID
@@ -65,7 +65,7 @@ class _Oracle:
 def test_evaluate_cell_scores_greedy_decodes(monkeypatch):
   """evaluate_cell feeds each split's inputs to `decoding.decode` and scores
   what it returns against that split's targets (no teacher forcing)."""
-  from terraformer import decoding
+  from terraformer.decoding import search as decoding
   stream = functools.partial(
       arithmetic.arithmetic_stream, task='add', train_max_digits=3,
       eval_min_digits=6, eval_max_digits=8)

@@ -12,9 +12,9 @@ import pytest
 from rouge_score import rouge_scorer
 from trax import shapes
 
-from terraformer import decoding
+from terraformer.decoding import search as decoding
 from terraformer import errors
-from terraformer import evaluation
+from terraformer.evaluation import rouge as evaluation
 from terraformer.data import aclsum_papers
 from terraformer.models import ScalingTransformer
 

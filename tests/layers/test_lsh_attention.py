@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 from trax import shapes
 
-from terraformer import compat
+from terraformer.trax_bridge import compat
 from terraformer.errors import TerraformerError
 from terraformer.layers import LSHCore
 from terraformer.layers import SelfAttention

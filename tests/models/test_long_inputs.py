@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 from trax import shapes
 
-from terraformer import compat
+from terraformer.trax_bridge import compat
 from terraformer.cli import common
 from terraformer.errors import TerraformerError
 from terraformer.models import ScalingTransformer

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from trax import shapes
 
-from terraformer import compat
+from terraformer.trax_bridge import compat
 from terraformer.models import ScalingTransformer
 from terraformer.models import Terraformer
 

@@ -1,7 +1,7 @@
-"""One process of the distributed tests (tests/test_distributed.py).
+"""One process of the distributed tests (tests/training/test_distributed.py).
 
 Trains a tiny sparse-FF ScalingTransformerLM for a few steps with
-`terraformer.distributed.ShardedTrainer` on a fixed global batch stream and
+`terraformer.training.fsdp.ShardedTrainer` on a fixed global batch stream and
 writes the losses and the final weights (`--out`, .npz). Run as one process
 (`--num_processes=1`) over `--mesh_devices` of its devices, or as one of
 several processes joined through `--port` on localhost. XLA_FLAGS (forced CPU
@@ -39,6 +39,7 @@ def main():
 
   import jax  # pylint: disable=g-import-not-at-top
   from terraformer import distributed  # pylint: disable=g-import-not-at-top
+  from terraformer.training import fsdp  # pylint: disable=g-import-not-at-top
   from terraformer import errors  # pylint: disable=g-import-not-at-top
   try:
     if args.num_processes > 1:
@@ -63,9 +64,9 @@ def main():
   stream = batches(global_batch, length, vocab)
   rows = distributed.process_rows(global_batch)
   first = [x[rows] for x in next(batches(global_batch, length, vocab))]
-  trainer = distributed.ShardedTrainer(
+  trainer = fsdp.ShardedTrainer(
       model, tl.WeightedCategoryCrossEntropy(), optimizers.Adam(),
-      lambda step: 1e-3, first, mesh=distributed.device_mesh(devices), seed=0,
+      lambda step: 1e-3, first, mesh=fsdp.device_mesh(devices), seed=0,
       gather_weights=args.gather_weights)
   losses = []
   for step in range(1, args.steps + 1):

@@ -17,6 +17,8 @@ import pytest
 
 from terraformer import distributed
 from terraformer import errors
+from terraformer.training import fsdp
+from terraformer.training import memory_plan
 
 WORKER = os.path.join(os.path.dirname(__file__), 'distributed_worker.py')
 TIMEOUT_S = 420
@@ -129,17 +131,17 @@ def test_a_process_that_never_joins_is_a_bounded_error(tmp_path):
 
 
 def test_fsdp_spec_splits_the_largest_divisible_axis():
-  assert tuple(distributed.fsdp_spec((64, 96), 8)) == (None, 'fsdp')
-  assert tuple(distributed.fsdp_spec((12, 64), 8)) == (None, 'fsdp')
-  assert tuple(distributed.fsdp_spec((6,), 8)) == ()  # Replicated.
-  assert tuple(distributed.fsdp_spec((64, 96), 1)) == ()
+  assert tuple(fsdp.fsdp_spec((64, 96), 8)) == (None, 'fsdp')
+  assert tuple(fsdp.fsdp_spec((12, 64), 8)) == (None, 'fsdp')
+  assert tuple(fsdp.fsdp_spec((6,), 8)) == ()  # Replicated.
+  assert tuple(fsdp.fsdp_spec((64, 96), 1)) == ()
 
 
 def test_memory_plan_per_device_bytes_fall_with_devices():
   leaves = {'big': jax.ShapeDtypeStruct((1024, 512), np.float32),
             'bias': jax.ShapeDtypeStruct((3,), np.float32)}
-  one = distributed.memory_plan(leaves, 1, activation_bytes=800)
-  eight = distributed.memory_plan(leaves, 8, activation_bytes=800)
+  one = memory_plan.memory_plan(leaves, 1, activation_bytes=800)
+  eight = memory_plan.memory_plan(leaves, 8, activation_bytes=800)
   assert one['weights_bytes'] == eight['weights_bytes'] == (1024 * 512 + 3) * 4
   assert eight['weights_bytes_per_device'] == 1024 * 512 * 4 // 8 + 3 * 4
   assert eight['slots_bytes_per_device'] == 2 * eight['weights_bytes_per_device']
@@ -211,8 +213,8 @@ def _train_as_slurm_tasks(out_dir, steps):
 
 
 def _final(out_dir, stdout):
-  from terraformer import checkpoints  # pylint: disable=g-import-not-at-top
-  weights = checkpoints.read_trax_checkpoint(
+  from terraformer.checkpoint import format as checkpoint_format  # pylint: disable=g-import-not-at-top
+  weights = checkpoint_format.read_trax_checkpoint(
       os.path.join(out_dir, 'model.pkl.gz'))['flat_weights']
   last = [l for l in stdout.splitlines() if l.startswith('step ')][-1]
   log_ppl = float(last.split('eval log_perplexity ')[1].split()[0])
@@ -331,7 +333,7 @@ def _tiny_trainer(skip_non_finite):
   batch = [tokens, tokens, np.ones(tokens.shape, np.float32)]
   n = jax.device_count()
   batch = [np.tile(x, (n, 1)) for x in batch]
-  trainer = distributed.ShardedTrainer(
+  trainer = fsdp.ShardedTrainer(
       model, tl.WeightedCategoryCrossEntropy(), optimizers.Adam(),
       lambda step: 1e-2, batch, skip_non_finite=skip_non_finite)
   return trainer, batch
@@ -356,7 +358,7 @@ def test_a_non_finite_step_is_skipped_inside_the_sharded_step(skip):
 
 
 def test_weight_sharding_values_and_unsupported_options_are_one_line():
-  from terraformer import training  # pylint: disable=g-import-not-at-top
+  from terraformer.training import loop as training  # pylint: disable=g-import-not-at-top
   check = training._check_weight_sharding  # pylint: disable=protected-access
   assert check('fsdp', False, (), None) and not check(
       'replicated', True, (), 'x')
@@ -417,7 +419,7 @@ def test_train_cli_fsdp_over_2_processes_equals_trax_loop_and_resumes(
 
 
 def test_process_batches_are_fed_as_they_are_plain_ones_split(monkeypatch):
-  from terraformer import training  # pylint: disable=g-import-not-at-top
+  from terraformer.training import loop as training  # pylint: disable=g-import-not-at-top
   from terraformer.data import streaming  # pylint: disable=g-import-not-at-top
   monkeypatch.setattr(distributed, 'is_multiprocess', lambda: True)
   monkeypatch.setattr(jax, 'process_count', lambda: 2)

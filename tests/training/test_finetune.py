@@ -16,9 +16,9 @@ from trax import shapes
 from trax.supervised import callbacks
 from trax.supervised import lr_schedules
 
-from terraformer import checkpoints
-from terraformer import finetune
-from terraformer import training
+from terraformer.checkpoint import format as checkpoint_format
+from terraformer.training import finetune
+from terraformer.training import loop as training
 from terraformer.errors import TerraformerError
 from terraformer.models import ScalingTransformerLM
 
@@ -115,7 +115,7 @@ def test_fine_tuning_starts_from_the_checkpoint_weights(pretrained,
                                                         finetuned):
   pretrain_dir, pretrained_weights = pretrained
   # The checkpoint on disk holds the pretrained weights.
-  _assert_equal(finetune.load_flat_weights(str(pretrain_dir)),
+  _assert_equal(checkpoint_format.load_flat_weights(str(pretrain_dir))[0],
                 pretrained_weights)
   # A fresh model starts elsewhere, the fine-tune from the checkpoint...
   fresh = tiny_sparse_lm('train')
@@ -135,7 +135,7 @@ def test_fine_tuning_starts_from_the_checkpoint_weights(pretrained,
 
 @pytest.mark.slow
 def test_optimizer_state_starts_fresh(pretrained, finetuned):
-  saved = checkpoints.read_trax_checkpoint(
+  saved = checkpoint_format.read_trax_checkpoint(
       str(pretrained[0] / 'model.pkl.gz'))['slots_per_task'][0]
   assert any(np.abs(s).sum() > 0 for s in saved)  # Pretraining's Adam moments.
   slots = finetuned['first_slots']
@@ -220,7 +220,7 @@ def test_init_checkpoint_accepts_a_trax_checkpoint(tmp_path):
   import sys  # pylint: disable=g-import-not-at-top
   sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
   import trax_checkpoints as tc  # pylint: disable=g-import-not-at-top
-  from terraformer import trax_import  # pylint: disable=g-import-not-at-top
+  from terraformer.trax_bridge import checkpoint_import as trax_import  # pylint: disable=g-import-not-at-top
   signature = tc.int_signature((4, 16))
   trax_model = tc.trax_lm('eval', vocab_size=VOCAB, d_model=16, d_ff=32,
                           n_layers=1, n_heads=2, max_len=64, dropout=0.0,
@@ -232,7 +232,7 @@ def test_init_checkpoint_accepts_a_trax_checkpoint(tmp_path):
     loop = _train(tmp_path / 'out', 1, seed=0, init_checkpoint=path)
   assert 'Fine-tuning from' in printed.getvalue()
   imported = trax_import.import_weights(tiny_sparse_lm('eval'),
-                                        finetune.load_flat_weights(path))
+                                        checkpoint_format.load_flat_weights(path)[0])
   _assert_equal(FirstStep.weights, _flat(imported))
   # The imported model computes Trax's function.
   tokens = np.random.RandomState(1).randint(1, VOCAB, (4, 16)).astype(

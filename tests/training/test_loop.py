@@ -1,4 +1,4 @@
-"""terraformer.training.train: learning, resuming, data parallelism."""
+"""terraformer.training.loop.train: learning, resuming, data parallelism."""
 import functools
 import glob
 import json
@@ -16,10 +16,11 @@ from trax import fastmath
 from trax.supervised import callbacks
 from trax.supervised import lr_schedules
 
-from terraformer import checkpoints
-from terraformer import compat
+from terraformer.checkpoint import format as checkpoint_format
+from terraformer.checkpoint import store as checkpoints
+from terraformer.trax_bridge import compat
 from terraformer import errors
-from terraformer import training
+from terraformer.training import loop as training
 
 compat.apply()
 
@@ -154,7 +155,7 @@ def test_non_finite_loss_stops_training_before_its_checkpoint(tmp_path):
       r'for this step; last checkpoint: step 2')):
     _train(tmp_path, 4, checkpoint_every=1, train_stream=_stream_with_nan_at(3))
   assert sorted(os.listdir(tmp_path / 'checkpoints')) == ['1', '2']
-  saved = checkpoints.read_trax_checkpoint(str(tmp_path / 'model.pkl.gz'))
+  saved = checkpoint_format.read_trax_checkpoint(str(tmp_path / 'model.pkl.gz'))
   assert saved['step'] == 2
   assert all(np.isfinite(w).all() for w in saved['flat_weights'])
   # A run from before checkpoints/ (only Trax's model.pkl.gz) still resumes.
@@ -250,7 +251,7 @@ def test_every_evaluation_sees_the_same_batches(tmp_path):
 
 @pytest.mark.slow
 def test_importing_training_applies_compat_fixes():
-  code = ('import terraformer.training; from terraformer import compat; '
+  code = ('import terraformer.training.loop; from terraformer.trax_bridge import compat; '
           'print(",".join(sorted(compat._APPLIED)))')
   out = subprocess.run([sys.executable, '-c', code], capture_output=True,
                        text=True, check=True).stdout.strip().splitlines()[-1]

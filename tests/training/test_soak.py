@@ -1,9 +1,9 @@
-"""terraformer.soak, bounded: 2 kill -9s of a tiny run, each resume checked."""
+"""terraformer.training.soak, bounded: 2 kill -9s of a tiny run, each resume checked."""
 import os
 
 import pytest
 
-from terraformer import soak
+from terraformer.training import soak
 
 
 @pytest.mark.slow

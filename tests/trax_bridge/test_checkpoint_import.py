@@ -9,9 +9,9 @@ import functools
 import numpy as np
 import pytest
 
-from terraformer import decoding
-from terraformer import evaluation
-from terraformer import trax_import
+from terraformer.decoding import search as decoding
+from terraformer.evaluation import rouge as evaluation
+from terraformer.trax_bridge import checkpoint_import as trax_import
 from terraformer.errors import TerraformerError
 from terraformer.models import ScalingTransformer
 from terraformer.models import ScalingTransformerLM

@@ -18,7 +18,7 @@ from trax import shapes
 from trax.layers.research import efficient_attention as ea
 from trax.supervised import training
 
-from terraformer import compat
+from terraformer.trax_bridge import compat
 
 compat.apply()
 
@@ -158,7 +158,7 @@ _MULTI_DEVICE_SCRIPT = textwrap.dedent("""
     import numpy as np
     import jax
     from trax import layers as tl, optimizers, shapes
-    from terraformer import compat
+    from terraformer.trax_bridge import compat
 
     def trainer_step():
       model = tl.Serial(tl.Embedding(8, 4), tl.Dense(8),

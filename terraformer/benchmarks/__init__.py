@@ -1,0 +1,1 @@
+"""Benchmarks: decode speed, long-input memory/time, the top-k operator, parameter counts."""

@@ -1,0 +1,1 @@
+"""Checkpoints: the Trax model.pkl.gz format, and the crash-safe store."""

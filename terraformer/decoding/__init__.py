@@ -1,0 +1,1 @@
+"""Decoding: the jitted one-token step; greedy, sampling and beam search."""

@@ -1,0 +1,1 @@
+"""Evaluation: ROUGE on summaries, the OOD harness, TensorBoard exports."""

@@ -1,0 +1,122 @@
+"""The process around the library: quiet imports, Trax's fixes, progress lines.
+
+`import terraformer` calls `install()`, which:
+
+- hides what TensorFlow/XLA (C++: oneDNN and CUDA-stub notices, absl's "All
+  log messages before absl::InitializeLog()") and Gym (its deprecation
+  banner) write on stderr while `trax`, `tensorflow` or `gym` is imported,
+  and JAX's "jax.process_count has been renamed" warning that Trax's Loop
+  triggers; an error raised during such an import shows all that was hidden;
+- applies `terraformer.trax_bridge.compat` (Trax 1.4.1 on the pinned JAX)
+  right after Trax is imported: the one place the fixes are installed.
+
+The log level comes from the environment variable TERRAFORMER_LOG_LEVEL
+(`debug`, `info`, `warning` (default), `error`) or the CLIs' `--verbosity`
+flag (`set_level`): at `info` and `debug` the library noise is shown again.
+`say` prints this package's own progress lines (process 0 of a job only).
+"""
+import contextlib
+import importlib.abc
+import importlib.machinery
+import os
+import sys
+import tempfile
+import warnings
+
+from terraformer.trax_bridge import compat
+
+LOG_LEVEL_ENV = 'TERRAFORMER_LOG_LEVEL'
+LEVELS = ('debug', 'info', 'warning', 'error')
+# Top-level packages whose import prints notices on stderr.
+NOISY_IMPORTS = ('trax', 'tensorflow', 'gym')
+_JAX_RENAMED = r'jax\.\w+ has been renamed to jax\.\w+'
+
+_level = [os.environ.get(LOG_LEVEL_ENV, 'warning').lower()]
+
+
+def level():
+  """The log level: one of LEVELS."""
+  return _level[0] if _level[0] in LEVELS else 'warning'
+
+
+def set_level(name):
+  """Sets the log level (CLI `--verbosity`); ValueError for an unknown one."""
+  name = (name or 'warning').lower()
+  if name not in LEVELS:
+    raise ValueError(f'log level {name!r} is not one of {", ".join(LEVELS)}')
+  _level[0] = name
+  _filter_warnings()
+
+
+def verbose():
+  """Whether library noise is shown (`info` or `debug`)."""
+  return level() in ('debug', 'info')
+
+
+def say(message):
+  """One progress line on stdout, by process 0 only (all of a 1-process run)."""
+  jax = sys.modules.get('jax')
+  if jax is None or not jax.process_index():
+    print(message, flush=True)
+
+
+@contextlib.contextmanager
+def quiet():
+  """Hides what is written to stderr (fd 2) inside, unless an error occurs
+  or the log level is `info`/`debug`. C++ libraries write to fd 2 directly,
+  so `sys.stderr` alone would not do."""
+  if verbose():
+    yield
+    return
+  sys.stderr.flush()
+  saved = os.dup(2)
+  with tempfile.TemporaryFile() as hidden:
+    os.dup2(hidden.fileno(), 2)
+    try:
+      yield
+    except BaseException:
+      sys.stderr.flush()
+      os.dup2(saved, 2)
+      hidden.seek(0)
+      os.write(2, hidden.read())
+      raise
+    finally:
+      sys.stderr.flush()
+      os.dup2(saved, 2)
+      os.close(saved)
+
+
+class _QuietImportHook(importlib.abc.MetaPathFinder):
+  """Imports NOISY_IMPORTS inside `quiet()`; applies compat after Trax."""
+
+  def find_spec(self, name, path, target=None):
+    if name not in NOISY_IMPORTS:
+      return None
+    spec = importlib.machinery.PathFinder.find_spec(name, path, target)
+    if spec is None or spec.loader is None:
+      return spec
+    exec_module = spec.loader.exec_module
+
+    def exec_quietly(module):
+      with quiet():
+        exec_module(module)
+        if name == 'trax':
+          compat.apply()
+
+    spec.loader.exec_module = exec_quietly
+    return spec
+
+
+def _filter_warnings():
+  action = 'default' if verbose() else 'ignore'
+  warnings.filterwarnings(action, message=_JAX_RENAMED)
+
+
+def install():
+  """Quiet imports and Trax's fixes (idempotent); `import terraformer` runs it."""
+  compat.speed_up_trax_import()  # Before anything imports Trax (compat fix 0).
+  _filter_warnings()
+  if 'trax' in sys.modules:  # Imported before terraformer: fix it now.
+    compat.apply()
+  if not any(isinstance(f, _QuietImportHook) for f in sys.meta_path):
+    sys.meta_path.insert(0, _QuietImportHook())

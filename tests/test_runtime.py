@@ -1,0 +1,59 @@
+"""terraformer.runtime and the package's face: quiet imports, a log-level
+switch, Trax's fixes on import, one-line errors for the old module paths."""
+import importlib
+import os
+import subprocess
+import sys
+
+import pytest
+
+import terraformer
+from terraformer import config
+from terraformer import errors
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def test_an_old_module_path_fails_with_its_new_path():
+  with pytest.raises(ModuleNotFoundError,
+                     match=r'^terraformer\.ood moved to terraformer\.'
+                     r'evaluation\.ood$'):
+    importlib.import_module('terraformer.ood')
+  for old, new in terraformer.MOVED.items():
+    with pytest.raises(ModuleNotFoundError, match=f'terraformer.{new}'):
+      importlib.import_module(f'terraformer.{old}')
+
+
+def test_an_old_module_path_in_a_gin_file_is_one_line(tmp_path):
+  gin_file = tmp_path / 'old.gin'
+  gin_file.write_text('import terraformer.param_count\n')
+  with pytest.raises(errors.TerraformerError) as error:
+    config.parse_gin([str(gin_file)], [])
+  assert '\n' not in str(error.value)
+  assert ('terraformer.param_count moved to '
+          'terraformer.benchmarks.param_count') in str(error.value)
+
+
+_IMPORT = ('import terraformer.models; '
+           'from terraformer.trax_bridge import compat; '
+           'print(sorted(compat.PATCHES) == compat.applied())')
+
+
+def _import_models(level=None):
+  env = dict(os.environ, PYTHONPATH=ROOT)
+  env.pop('TERRAFORMER_LOG_LEVEL', None)
+  if level:
+    env['TERRAFORMER_LOG_LEVEL'] = level
+  return subprocess.run([sys.executable, '-c', _IMPORT], env=env,
+                        capture_output=True, text=True, timeout=600,
+                        check=True)
+
+
+@pytest.mark.slow
+def test_import_is_quiet_unless_asked_and_applies_the_fixes():
+  quiet = _import_models()
+  assert quiet.stdout == 'True\n'  # Every compat fix installed on import.
+  assert quiet.stderr == ''
+  loud = _import_models('info')
+  assert loud.stdout == 'True\n'
+  assert loud.stderr.strip()  # The libraries' notices are shown again.
