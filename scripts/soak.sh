@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Kill -9 soak of crash-safe training (terraformer/soak.py): kills a tiny
+# Kill -9 soak of crash-safe training (terraformer/training/soak.py): kills a tiny
 # training run at random moments, restarts it, checks every resume and the
 # final weights against an uninterrupted run. Flags go to terraformer.training.soak:
 #   bash scripts/soak.sh --work_dir=/tmp/soak --kills=50

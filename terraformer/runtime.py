@@ -17,7 +17,6 @@ flag (`set_level`): at `info` and `debug` the library noise is shown again.
 """
 import contextlib
 import importlib.abc
-import importlib.machinery
 import os
 import sys
 import tempfile
@@ -92,19 +91,14 @@ class _QuietImportHook(importlib.abc.MetaPathFinder):
   def find_spec(self, name, path, target=None):
     if name not in NOISY_IMPORTS:
       return None
-    spec = importlib.machinery.PathFinder.find_spec(name, path, target)
-    if spec is None or spec.loader is None:
-      return spec
-    exec_module = spec.loader.exec_module
 
-    def exec_quietly(module):
+    def exec_quietly(exec_module, module):
       with quiet():
         exec_module(module)
         if name == 'trax':
           compat.apply()
 
-    spec.loader.exec_module = exec_quietly
-    return spec
+    return compat.spec_loading_with(name, path, target, exec_quietly)
 
 
 def _filter_warnings():

@@ -29,7 +29,7 @@ from trax.layers import core as trax_core
 from terraformer.decoding import step as decode_step
 from terraformer.layers.lsh_attention import CausalDotProductAttention
 from terraformer.layers.prefix_attention import PrefixCausalAttention
-from terraformer.layers.prefix_attention import bucket_for
+from terraformer.layers.ops import bucket_for
 from terraformer.layers.sparse_ff import SparseFF
 
 # Most random values `random_weights` draws per array (2^22, 16 MB).

@@ -9,7 +9,7 @@ from terraformer.layers.sparse_qkv_attention import SparseQKVCausalAttention
 from terraformer.layers.low_rank_sru import LowRankSRU
 from terraformer.layers.low_rank_sru import SRU
 from terraformer.layers.lsh_attention import LSHCore
-from terraformer.layers.lsh_attention import SelfAttention
+from terraformer.layers.attention import SelfAttention
 from terraformer.layers.reversible import HalfResidual
 from terraformer.layers.reversible import ReversibleSerial
 from terraformer.layers.successive_halving_topk import LinearScorer

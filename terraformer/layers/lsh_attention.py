@@ -1,19 +1,11 @@
-"""Self-attention whose mechanism, full or LSH (Reformer), is a switch (§4).
+"""Attention cores: LSH (Reformer, §4), causal full attention, prefill.
 
-`SelfAttention` builds the attention of a Terraformer block from three parts:
-
-  projections   dense Q, K, V (+ a dense output layer), or the sparse QKV of
-                §3.2 (multiplicative layer + convolution, no output layer);
-  core          full dot-product attention, or LSH attention (Reformer:
-                queries and keys share one vector, qk = (q + k) / 2, hashed
-                into buckets; each position attends within its chunk of the
-                bucket-sorted sequence and the chunk before it, and the one
-                after it in a bidirectional encoder);
-  merge         heads back to d_model.
-
-Both cores have no weights, so a model pre-trained with full attention on
-short sequences can be fine-tuned with LSH attention on long ones from the
-same checkpoint.
+The dispatcher over all attention types is `terraformer.layers.attention`.
+LSH attention: queries and keys share one vector, qk = (q + k) / 2, hashed
+into buckets; each position attends within its chunk of the bucket-sorted
+sequence and the chunk before it, and the one after it in a bidirectional
+encoder. `CausalDotProductAttention` is the full causal core whose decoding
+step reads only the filled prefix of its cache.
 
 `LSHCore` is Trax's `PureLSHSelfAttention` with one addition for reversible
 layers: its buckets are a discrete decision, stored in its state by the
@@ -41,17 +33,10 @@ from trax import fastmath
 from trax import layers as tl
 from trax.layers.research import efficient_attention
 
-from terraformer.errors import TerraformerError
-from terraformer.layers.blockwise_attention import BlockwiseAttentionCore
-from terraformer.layers.composite_slice_attention import check_dense_qkv
-from terraformer.layers.composite_slice_attention import CompositeSliceAttention
-from terraformer.layers.prefix_attention import cache_buckets
-from terraformer.layers.prefix_attention import prefix_switch
-from terraformer.layers.prefix_attention import softmax_last
-from terraformer.layers.sparse_qkv_attention import SparseQKV
-
-_REPLAY = 'replay'
-ATTENTION_TYPES = ('full', 'lsh', 'blockwise', 'cst')
+from terraformer.layers.ops import REPLAY as _REPLAY
+from terraformer.layers.ops import cache_buckets
+from terraformer.layers.ops import prefix_switch
+from terraformer.layers.ops import softmax_last
 
 
 class LSHCore(efficient_attention.PureLSHSelfAttention):
@@ -245,108 +230,3 @@ class PerExamplePrefill(tl.Layer):
     self.weights, self.state = (weights,), (state,)
 
 
-def SelfAttention(d_model, n_heads, attention_type='full',
-                  attention_sparsity=0, attention_kernel_size=3, causal=True,
-                  dropout=0.0, lsh_chunk_len=128, lsh_n_hashes=1,
-                  lsh_n_buckets=None, predict_mem_len=2048,
-                  predict_drop_len=256, lsh_eval_seed=0, mode='train',
-                  block_len=512, cst_slice_len=32, cst_extension=3,
-                  max_len=2048):
-  """Self-attention: causal `(x, lengths) -> y`, bidirectional `(x, mask) -> y`.
-
-  Args:
-    d_model: width of x and y.
-    n_heads: number of heads with dense projections; sparse QKV has
-      `attention_sparsity` heads (one per module, §3.2).
-    attention_type: 'full', 'lsh', 'blockwise' (bidirectional only: each
-      token attends to its block of `block_len`, Pyramidion §3.2) or 'cst'
-      (composite slice attention, `CompositeSliceAttention`: slices of
-      `cst_slice_len`, extension α = `cst_extension`; dense Q/K/V shared by
-      its local and global parts, so not with `attention_sparsity`).
-    attention_sparsity: S > 0: sparse QKV with S modules; 0: dense.
-    attention_kernel_size: sparse QKV convolution size F.
-    causal: decoder (causal, with the encoder lengths of the module
-      docstring) or encoder (bidirectional, padding mask [batch, length] with
-      True on tokens).
-    dropout: attention dropout.
-    lsh_chunk_len: LSH chunk length (divides the sequence length).
-    lsh_n_hashes: LSH rounds of hashing.
-    lsh_n_buckets: LSH buckets per round; None: 2 * length / chunk_len.
-    predict_mem_len: positions kept by a decoding cache (the encoder length
-      plus the target length, to keep them all).
-    predict_drop_len: positions LSH drops when its cache is full.
-    lsh_eval_seed: LSH hashing key in eval and predict (None: random).
-    mode: 'train', 'eval' or 'predict'.
-    block_len: 'blockwise' block length.
-    cst_slice_len: 'cst' slice length L.
-    cst_extension: 'cst' slice extension α (1, 2 or 3).
-    max_len: 'cst' longest sequence (rows of its global position table).
-  """
-  if attention_type not in ATTENTION_TYPES:
-    raise TerraformerError(f'attention_type must be one of {ATTENTION_TYPES}, '
-                           f'got {attention_type!r}')
-  if attention_type == 'blockwise' and causal:
-    raise TerraformerError("attention_type='blockwise' is an encoder "
-                           "(bidirectional) attention; decoders take 'full', "
-                           "'lsh' or 'cst'")
-  if attention_type == 'cst':
-    check_dense_qkv(attention_sparsity)
-    cst = CompositeSliceAttention(
-        d_model, n_heads, cst_slice_len, cst_extension, causal=causal,
-        max_len=max_len, dropout=dropout, mode=mode)
-    if causal:                                   # x lengths
-      return PerExamplePrefill(cst, mode)
-    return cst                                   # x mask
-  if attention_sparsity:
-    heads = attention_sparsity
-    projections = SparseQKV(d_model, attention_sparsity,
-                            attention_kernel_size, 3, causal=causal,
-                            mode=mode)
-    output = []
-  else:
-    heads = n_heads
-    projections = tl.Branch(tl.Dense(d_model), tl.Dense(d_model),
-                            tl.Dense(d_model))
-    output = tl.Dense(d_model)
-  if d_model % heads:
-    raise ValueError(f'd_model={d_model} is not a multiple of the number of '
-                     f'heads ({heads}).')
-  d_head = d_model // heads
-  split = tl.SplitIntoHeads(heads)
-  if causal and attention_sparsity:              # x lengths
-    # The convolution keeps state when decoding.
-    projections = [tl.Select([0, 1, 1]),         # x lengths lengths
-                   PerExamplePrefill(projections, mode)]  # q k v lengths
-
-  if attention_type == 'lsh':
-    core = [
-        tl.Fn('SharedQK', lambda q, k: (q + k) / 2, n_out=1),   # qk v [mask]
-        tl.Select([0, 1], n_in=3) if causal else [],
-        tl.Parallel(split, split),
-        LSHCore(n_heads=heads, d_qk=d_head, d_v=d_head, causal=causal,
-                masked=not causal, chunk_len=lsh_chunk_len,
-                n_chunks_before=1, n_chunks_after=0 if causal else 1,
-                n_hashes=lsh_n_hashes, n_buckets=lsh_n_buckets, mode=mode,
-                predict_mem_len=predict_mem_len,
-                predict_drop_len=predict_drop_len,
-                attention_dropout=dropout, eval_seed=lsh_eval_seed),
-        tl.MergeHeads(heads),
-    ]
-  elif attention_type == 'blockwise':
-    core = BlockwiseAttentionCore(heads, block_len)   # q k v mask
-  elif causal:
-    core = [                                     # q k v lengths
-        tl.Parallel(split, split, split),
-        CausalDotProductAttention(heads, dropout=dropout,
-                                  max_len=predict_mem_len, mode=mode),
-        tl.MergeHeads(heads),
-    ]
-  else:
-    core = [                                     # q k v mask
-        tl.Parallel([], [], [], tl.Fn('AttentionMask',
-                                      lambda m: m[:, None, None, :])),
-        tl.PureAttention(n_heads=heads, dropout=dropout, mode=mode),
-        tl.Select([0], n_in=2),
-    ]
-  return tl.Serial(projections, core, output,
-                   name=f'{attention_type.upper()}SelfAttention')

@@ -7,10 +7,8 @@ from trax import fastmath
 from trax import layers as tl
 from trax.layers import initializers as init
 
-from terraformer.layers.prefix_attention import split_last
-
-_REPLAY = 'replay'  # State key of decisions to reuse (layers/reversible.py).
-
+from terraformer.layers.ops import REPLAY as _REPLAY
+from terraformer.layers.ops import split_last
 
 CONTROLLERS = ('trax', 'gumbel_softmax')
 

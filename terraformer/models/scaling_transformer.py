@@ -46,7 +46,6 @@ from trax import layers as tl
 
 from terraformer.errors import TerraformerError
 from terraformer.layers import SparseFF
-from terraformer.layers import SparseLogits
 from terraformer.layers import SparseQKV
 from terraformer.layers import SparseQKVAttention
 from terraformer.layers.blockwise_attention import BlockwiseSelfAttention
@@ -55,6 +54,9 @@ from terraformer.layers.composite_slice_attention import CompositeSliceAttention
 from terraformer.layers.prefix_attention import PrefixCausalAttention
 from terraformer.layers.successive_halving_topk import RepresentationPooling
 from terraformer.layers.successive_halving_topk import pooling_schedule
+from terraformer.models.common import CachedInPredict
+from terraformer.models.common import Embedder
+from terraformer.models.common import Logits
 
 ENCODER_ATTENTIONS = ('causal', 'bidirectional')
 LM_ATTENTION_TYPES = ('full', 'cst')
@@ -92,7 +94,7 @@ def ScalingTransformerLM(vocab_size=32000, d_model=512, d_ff=2048, n_layers=6,
       _Embedder(vocab_size, d_model, dropout, max_len, mode),
       [_DecoderOnlyBlock(sublayers) for _ in range(n_layers)],
       tl.LayerNorm(),
-      _Logits(vocab_size, loss_sparsity),
+      Logits(vocab_size, loss_sparsity),
   )
 
 
@@ -196,7 +198,7 @@ def ScalingTransformer(input_vocab_size=32000, output_vocab_size=None,
   )
   return tl.Serial(                              # tok_e tok_d
       tl.Select([0, 1, 1]),                      # tok_e tok_d tok_d
-      _CachedInPredict(encoder, mode),           # vec_e mask_e tok_d tok_d
+      CachedInPredict(encoder, mode),            # vec_e mask_e tok_d tok_d
       tl.Select([2, 1, 0]),                      # tok_d mask_e vec_e tok_d
       tl.ShiftRight(mode=mode),
       _Embedder(output_vocab_size, d_model, dropout, max_len, mode,
@@ -206,7 +208,7 @@ def ScalingTransformer(input_vocab_size=32000, output_vocab_size=None,
        for _ in range(n_decoder_layers)],
       tl.Select([0], n_in=3),                    # vec_d tok_d
       tl.LayerNorm(),
-      _Logits(output_vocab_size, loss_sparsity),  # logits tok_d
+      Logits(output_vocab_size, loss_sparsity),   # logits tok_d
   )
 
 
@@ -309,7 +311,7 @@ class _Sublayers:
       output = []
     else:
       queries, output = tl.Dense(self.d_model), tl.Dense(self.d_model)
-    keys_values = _CachedInPredict(
+    keys_values = CachedInPredict(
         tl.Branch(tl.Dense(self.d_model), tl.Dense(self.d_model)), self.mode)
     return tl.Serial(
         tl.Parallel(queries, keys_values),       # q k v mask
@@ -338,15 +340,6 @@ def _Pooling(k, peaked, sort):                   # vec_e mask_e
                                 lambda mask: mask[:, None, None, :]))]
 
 
-def _CachedInPredict(layer, mode):
-  """Runs `layer` once in predict mode and reuses its outputs.
-
-  Other modes wrap it in a one-layer Serial, so that the weight trees of all
-  modes have the same structure as tl.Cache's.
-  """
-  return tl.Cache(layer) if mode == 'predict' else tl.Serial(layer)
-
-
 def _Embedder(vocab_size, d_model, dropout, max_len, mode, embedding=None):
   """Token embedding (or the shared `embedding` layer), dropout, positions.
 
@@ -354,15 +347,10 @@ def _Embedder(vocab_size, d_model, dropout, max_len, mode, embedding=None):
   initialized sinusoidally (`tl.PositionalEncoding`, which applies dropout
   too), one per embedder (never shared).
   """
-  return [embedding or tl.Embedding(vocab_size, d_model),
-          tl.Dropout(rate=dropout, mode=mode),
-          tl.PositionalEncoding(max_len=max_len, dropout=dropout, mode=mode)]
-
-
-def _Logits(vocab_size, loss_sparsity):
-  if loss_sparsity:
-    return SparseLogits(vocab_size, loss_sparsity)
-  return tl.Dense(vocab_size)
+  return Embedder(
+      embedding or tl.Embedding(vocab_size, d_model), dropout,
+      tl.PositionalEncoding(max_len=max_len, dropout=dropout, mode=mode),
+      mode)
 
 
 def _DecoderOnlyBlock(s):

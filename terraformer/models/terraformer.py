@@ -63,6 +63,9 @@ Correspondence with Trax 1.4.1's `ConfigurableTerraformer`
 Switches back to our earlier variants: `pos_type='sinusoidal'`,
 `share_embeddings=False`, `encoder_output_dense=False`.
 """
+import dataclasses
+from typing import Optional
+
 import gin
 import jax
 import jax.numpy as jnp
@@ -71,14 +74,16 @@ from trax import layers as tl
 from trax.layers import initializers as init
 
 from terraformer.layers import reversible as rev
+from terraformer.layers.attention import SelfAttention
 from terraformer.layers.lsh_attention import PerExamplePrefill
-from terraformer.layers.lsh_attention import SelfAttention
 from terraformer.layers.low_rank_sru import LowRankSRU
 from terraformer.layers.sparse_ff import SparseFF
-from terraformer.layers.sparse_logits import SparseLogits
 from terraformer.layers.successive_halving_topk import LinearScorer
 from terraformer.layers.successive_halving_topk import pooling_schedule
 from terraformer.layers.successive_halving_topk import successive_halving_topk
+from terraformer.models.common import CachedInPredict
+from terraformer.models.common import Embedder
+from terraformer.models.common import Logits
 
 POS_TYPES = ('fixed-base', 'sinusoidal')
 
@@ -203,7 +208,7 @@ def Terraformer(input_vocab_size=32000, output_vocab_size=None, d_model=512,
   )
   return tl.Serial(                              # tok_e tok_d
       tl.Select([0, 1, 1]),                      # tok_e tok_d tok_d
-      _CachedInPredict(encoder, mode),           # vec_e mask_e tok_d tok_d
+      CachedInPredict(encoder, mode),            # vec_e mask_e tok_d tok_d
       tl.Select([2, 0, 1]),                      # tok_d vec_e mask_e tok_d
       tl.ShiftRight(mode=mode),
       _Embedder(out_embedding, dropout, pos_type, max_len, mode),
@@ -215,10 +220,11 @@ def Terraformer(input_vocab_size=32000, output_vocab_size=None, d_model=512,
       _StreamMean(),                             # vec_ed len_e tok_d
       tl.LayerNorm(),
       DecoderPositions(mode),                    # vec_d tok_d
-      _Logits(output_vocab_size, loss_sparsity),  # logits tok_d
+      Logits(output_vocab_size, loss_sparsity),   # logits tok_d
   )
 
 
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class _Sublayers:
   """Builds the attention and feed-forward residual functions of a stack.
 
@@ -226,14 +232,32 @@ class _Sublayers:
   (x, len_e): len_e [batch] counts each example's real encoder positions.
   """
 
-  def __init__(self, d_model, d_ff, n_heads, dropout, ff_sparsity, d_lowrank,
-               ff_temperature, ff_quant_prob, attention_type,
-               attention_sparsity, attention_kernel_size, lsh_chunk_len,
-               lsh_n_hashes, lsh_n_buckets, lsh_eval_seed, predict_mem_len,
-               predict_drop_len, d_sru, reversible, store_decisions, causal,
-               mode, block_len, cst_slice_len, cst_extension, max_len):
-    self.__dict__.update(locals())
-    del self.__dict__['self']
+  d_model: int
+  d_ff: int
+  n_heads: int
+  dropout: float
+  ff_sparsity: int
+  d_lowrank: int
+  ff_temperature: float
+  ff_quant_prob: float
+  attention_type: str
+  attention_sparsity: int
+  attention_kernel_size: int
+  lsh_chunk_len: int
+  lsh_n_hashes: int
+  lsh_n_buckets: Optional[int]
+  lsh_eval_seed: Optional[int]
+  predict_mem_len: int
+  predict_drop_len: int
+  d_sru: int                   # 0: no SRU.
+  reversible: bool
+  store_decisions: bool        # Layers keep their decisions for a re-run.
+  causal: bool                 # Decoder (True) or encoder (False).
+  mode: str
+  block_len: int
+  cst_slice_len: int
+  cst_extension: int
+  max_len: int
 
   def half_residual(self, *layers):
     return rev.HalfResidual(*layers, reversible=self.reversible)
@@ -331,8 +355,7 @@ def _Embedder(embedding, dropout, pos_type, max_len, mode):
     positions = FixedBasePositionalEncoding(mode=mode)
   else:
     positions = tl.PositionalEncoding(max_len=max_len, mode=mode)
-  return [embedding, tl.Dropout(rate=dropout, shared_axes=[-2], mode=mode),
-          positions]
+  return Embedder(embedding, dropout, positions, mode, shared_axes=[-2])
 
 
 @gin.configurable(module='terraformer')
@@ -415,17 +438,6 @@ def _TokenMask():
 
 def _StreamMean():
   return tl.Fn('StreamMean', lambda x1, x2: (x1 + x2) / 2.0)
-
-
-def _Logits(vocab_size, loss_sparsity):
-  if loss_sparsity:
-    return SparseLogits(vocab_size, loss_sparsity)
-  return tl.Dense(vocab_size)
-
-
-def _CachedInPredict(layer, mode):
-  """Runs `layer` once in predict mode and reuses its outputs (tl.Cache)."""
-  return tl.Cache(layer) if mode == 'predict' else tl.Serial(layer)
 
 
 class EncoderDecoderConcat(tl.Layer):

@@ -61,23 +61,31 @@ class _InspectWithoutSources(types.ModuleType):
     return frames
 
 
+def spec_loading_with(name, path, target, load):
+  """`name`'s import spec, its module executed by `load(exec_module, module)`.
+
+  For import hooks (`find_spec`) that act around a module's execution.
+  """
+  spec = importlib.machinery.PathFinder.find_spec(name, path, target)
+  if spec is None or spec.loader is None:
+    return spec
+  exec_module = spec.loader.exec_module
+  spec.loader.exec_module = lambda module: load(exec_module, module)
+  return spec
+
+
 class _AssertShapeImportHook(importlib.abc.MetaPathFinder):
   """Gives `trax.layers.assert_shape` `_InspectWithoutSources` on import."""
 
   def find_spec(self, name, path, target=None):
     if name != ASSERT_SHAPE_MODULE:
       return None
-    spec = importlib.machinery.PathFinder.find_spec(name, path, target)
-    if spec is None or spec.loader is None:
-      return spec
-    exec_module = spec.loader.exec_module
 
-    def exec_with_fast_stack(module):
+    def exec_with_fast_stack(exec_module, module):
       exec_module(module)
       module.inspect = _InspectWithoutSources()
 
-    spec.loader.exec_module = exec_with_fast_stack
-    return spec
+    return spec_loading_with(name, path, target, exec_with_fast_stack)
 
 
 def speed_up_trax_import():

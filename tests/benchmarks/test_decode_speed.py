@@ -12,7 +12,7 @@ from trax.models.research import configurable_transformer as ct
 from terraformer.benchmarks import decode_speed
 from terraformer.decoding import step as decode_step
 from terraformer import errors
-from terraformer.layers.prefix_attention import bucket_for
+from terraformer.layers.ops import bucket_for
 from terraformer.models import ScalingTransformer
 from terraformer.models import ScalingTransformerLM
 

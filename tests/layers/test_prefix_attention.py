@@ -7,8 +7,8 @@ from trax import layers as tl
 from trax import shapes
 
 from terraformer.layers.prefix_attention import PrefixCausalAttention
-from terraformer.layers.prefix_attention import bucket_for
-from terraformer.layers.prefix_attention import cache_buckets
+from terraformer.layers.ops import bucket_for
+from terraformer.layers.ops import cache_buckets
 
 HEADS, D_HEAD, MAX_LEN, MIN_BUCKET = 3, 4, 32, 4
 
@@ -99,8 +99,8 @@ def test_step_reads_only_its_bucket(filled):
 
 @pytest.mark.parametrize('n', [1, 16, 64, 96, 1024, 1280])
 def test_one_reduction_softmax_and_logsumexp_match_jax(n):
-  from terraformer.layers.prefix_attention import logsumexp_last  # pylint: disable=g-import-not-at-top
-  from terraformer.layers.prefix_attention import softmax_last  # pylint: disable=g-import-not-at-top
+  from terraformer.layers.ops import logsumexp_last  # pylint: disable=g-import-not-at-top
+  from terraformer.layers.ops import softmax_last  # pylint: disable=g-import-not-at-top
   x = np.random.RandomState(n).randn(3, 2, n).astype(np.float32) * 5
   x[0, 0, : n // 2] = -1e9                       # masked positions
   np.testing.assert_allclose(logsumexp_last(x),

@@ -109,7 +109,7 @@ def test_blockwise_encoder_with_one_block_is_full_attention():
 def test_blockwise_blocks_do_not_talk():
   """Blocks of 4: changing a token of the first block leaves the encoder
   outputs of the second block's tokens alone (one encoder layer)."""
-  from terraformer.layers.lsh_attention import SelfAttention  # pylint: disable=g-import-not-at-top
+  from terraformer.layers.attention import SelfAttention  # pylint: disable=g-import-not-at-top
   layer = SelfAttention(32, 4, 'blockwise', causal=False, block_len=4,
                         mode='eval')
   x = np.random.RandomState(9).randn(1, 8, 32).astype(np.float32)
