@@ -9,6 +9,7 @@ JAX's own engine rather than a home-made one:
   Slurm, Open MPI and TPU pods); on CPU the collectives run over gloo. Waits
   are bounded: a process that never joins, or dies, stops the others with an
   error instead of a hang.
+- `say`: a progress line, printed by process 0 only.
 - `is_multiprocess`, `global_mean`, `broadcast_from_process_0`,
   `broadcast_json`, `shared_seed`, `process_rows`: what the trainers, the
   checkpoint store and the data streams need to run as one of N processes
@@ -162,6 +163,12 @@ def exit_now(code=2):
 
 def is_multiprocess():
   return jax.process_count() > 1
+
+
+def say(message):
+  """One progress line on stdout, by process 0 only (all of a 1-process run)."""
+  if not jax.process_index():
+    print(message, flush=True)
 
 
 _EXCHANGES = [0]  # Calls of `_exchange` so far (the same on every process).

@@ -13,7 +13,6 @@
 The log level comes from the environment variable TERRAFORMER_LOG_LEVEL
 (`debug`, `info`, `warning` (default), `error`) or the CLIs' `--verbosity`
 flag (`set_level`): at `info` and `debug` the library noise is shown again.
-`say` prints this package's own progress lines (process 0 of a job only).
 """
 import contextlib
 import importlib.abc
@@ -50,13 +49,6 @@ def set_level(name):
 def verbose():
   """Whether library noise is shown (`info` or `debug`)."""
   return level() in ('debug', 'info')
-
-
-def say(message):
-  """One progress line on stdout, by process 0 only (all of a 1-process run)."""
-  jax = sys.modules.get('jax')
-  if jax is None or not jax.process_index():
-    print(message, flush=True)
 
 
 @contextlib.contextmanager

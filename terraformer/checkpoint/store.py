@@ -45,7 +45,6 @@ from terraformer import errors
 from terraformer.checkpoint import format as checkpoint_format
 from terraformer.checkpoint.format import atomic_write
 from terraformer.checkpoint.format import fsync
-from terraformer.runtime import say
 
 CHECKPOINTS = 'checkpoints'
 DAMAGED = 'checkpoints.damaged'
@@ -150,6 +149,7 @@ class CheckpointStore:
 
   def _remove_leftovers(self):
     """Removes what interrupted saves left: nothing of it was committed."""
+    from terraformer import distributed  # pylint: disable=g-import-not-at-top
     leftovers = []
     if os.path.isdir(self.directory):
       for name in os.listdir(self.directory):
@@ -166,7 +166,8 @@ class CheckpointStore:
         shutil.rmtree(path)
       else:
         os.remove(path)
-      say(f'Removed {path}: left by an interrupted save (not committed)')
+      distributed.say(
+          f'Removed {path}: left by an interrupted save (not committed)')
 
   def steps(self):
     """Committed steps, newest first."""

@@ -20,7 +20,6 @@ from absl import flags
 
 from terraformer import config
 from terraformer import errors
-from terraformer import runtime
 from terraformer import supervisor
 from terraformer.cli import common
 
@@ -83,7 +82,7 @@ def _train(flag_values):
     # Not a normal exit: JAX's shutdown would wait for the dead process.
     print(f'{PROG}: error: {errors.first_line(e)}', file=sys.stderr)
     distributed.exit_now(common.EXIT_USAGE)
-  runtime.say(f'Done: step {loop.step}, checkpoint in {output_dir}')
+  distributed.say(f'Done: step {loop.step}, checkpoint in {output_dir}')
   return 0
 
 

@@ -48,7 +48,7 @@ from terraformer.checkpoint import store as checkpoints
 from terraformer import distributed
 from terraformer import errors
 from terraformer import supervisor
-from terraformer.runtime import say
+from terraformer.distributed import say
 from terraformer.training import resume
 
 MESH_AXIS = 'fsdp'  # One axis: weights, slots and the batch split over it.

@@ -37,10 +37,10 @@ from trax.supervised import training
 from terraformer import distributed
 from terraformer import errors
 from terraformer import supervisor
+from terraformer.distributed import say
 from terraformer.checkpoint import format as checkpoint_format
 from terraformer.checkpoint import store as checkpoints
 from terraformer.data import streaming
-from terraformer.runtime import say
 from terraformer.training import finetune
 from terraformer.training import fsdp as sharded_training
 from terraformer.training import resume

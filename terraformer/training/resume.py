@@ -13,7 +13,7 @@ import contextlib
 import os
 import shutil
 
-from terraformer.runtime import say
+from terraformer.distributed import say
 
 
 @contextlib.contextmanager

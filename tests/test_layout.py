@@ -1,0 +1,113 @@
+"""The package's layout (CONTRIBUTING.md): imports only point down, no circles.
+
+Reads each module's `terraformer` imports (top-level and inside functions)
+with `ast`; nothing is imported or run.
+"""
+import ast
+import os
+
+import pytest
+
+PACKAGE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(
+    __file__))), 'terraformer')
+
+# Floor of each room (a folder or a top-level module); a room imports only
+# rooms on lower floors, or itself. The table of CONTRIBUTING.md.
+FLOORS = {
+    'cli': 7,
+    'benchmarks': 6, 'evaluation': 6, '__init__': 6,
+    'training': 5, 'runtime': 5,
+    'trax_bridge': 4, 'data': 4,
+    'checkpoint': 3, 'models': 3,
+    'decoding': 2, 'layers': 2, 'config': 2, 'distributed': 2,
+    'errors': 1,
+}
+# Files that stand below their folder's floor: what lower floors may import.
+FILE_FLOORS = {'trax_bridge/compat': 1}
+
+
+def _modules():
+  """{'dir/file' (no .py): set of imported 'dir/file' of this package}."""
+  modules = {}
+  for folder, _, files in os.walk(PACKAGE):
+    for name in files:
+      if not name.endswith('.py'):
+        continue
+      path = os.path.join(folder, name)
+      key = os.path.relpath(path, PACKAGE)[:-3]
+      with open(path) as f:
+        tree = ast.parse(f.read())
+      imported = set()
+      for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+          names = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module:
+          names = [f'{node.module}.{a.name}' for a in node.names]
+        else:
+          continue
+        for full in names:
+          parts = full.split('.')
+          if parts[0] != 'terraformer':
+            continue
+          for n in range(len(parts), 1, -1):  # Longest existing module.
+            candidate = '/'.join(parts[1:n])
+            if os.path.isfile(os.path.join(PACKAGE, candidate + '.py')):
+              imported.add(candidate)
+              break
+            if os.path.isdir(os.path.join(PACKAGE, candidate)):
+              imported.add(candidate + '/__init__')
+              break
+      modules[key] = imported - {key}
+  return modules
+
+
+def _floor(module):
+  if module in FILE_FLOORS:
+    return FILE_FLOORS[module]
+  room = module.split('/')[0]
+  if room not in FLOORS:
+    pytest.fail(f'terraformer/{module}.py has no floor in FLOORS')
+  return FLOORS[room]
+
+
+def test_imports_only_point_down():
+  up = []
+  for module, imported in sorted(_modules().items()):
+    for other in sorted(imported):
+      same_room = module.split('/')[0] == other.split('/')[0]
+      if other.endswith('__init__') and not same_room:
+        continue  # A package's face (hands names on); its files are checked.
+      if not same_room and _floor(other) >= _floor(module):
+        up.append(f'{module} ({_floor(module)}) -> {other} ({_floor(other)})')
+  assert not up, 'imports that do not point down:\n' + '\n'.join(up)
+
+
+def test_no_import_circles():
+  modules = _modules()
+  state, circles = {}, []
+
+  def visit(module, stack):
+    state[module] = 'open'
+    for other in sorted(modules.get(module, ())):
+      if state.get(other) == 'open':
+        circles.append(' -> '.join(stack[stack.index(other):] + [other]))
+      elif other not in state:
+        visit(other, stack + [other])
+    state[module] = 'done'
+
+  for module in sorted(modules):
+    if module not in state:
+      visit(module, [module])
+  assert not circles, 'import circles:\n' + '\n'.join(circles)
+
+
+def test_the_checks_see_an_upward_import_and_a_circle(monkeypatch):
+  """The rules can fail: a layer importing the trainer is caught, twice."""
+  real = _modules()
+  monkeypatch.setitem(
+      globals(), '_modules',
+      lambda: dict(real, **{'layers/ops': {'training/loop'}}))
+  with pytest.raises(AssertionError, match='layers/ops'):
+    test_imports_only_point_down()
+  with pytest.raises(AssertionError, match='import circles'):
+    test_no_import_circles()  # loop -> ... -> layers/ops -> loop.
