@@ -92,7 +92,7 @@ def require_bindings(configurable, names):
 
 
 def model_reference():
-  """The gin reference bound to `terraformer.train.model` (e.g. @Terraformer)."""
+  """The gin reference bound to `terraformer.train.model` (@Terraformer...)."""
   try:
     return gin.query_parameter('terraformer.train.model')
   except ValueError:

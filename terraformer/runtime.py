@@ -99,7 +99,7 @@ def _filter_warnings():
 
 
 def install():
-  """Quiet imports and Trax's fixes (idempotent); `import terraformer` runs it."""
+  """Quiet imports, Trax's fixes (idempotent); `import terraformer` runs it."""
   compat.speed_up_trax_import()  # Before anything imports Trax (compat fix 0).
   _filter_warnings()
   if 'trax' in sys.modules:  # Imported before terraformer: fix it now.

@@ -1,1 +1,1 @@
-"""Benchmarks: decode speed, long-input memory/time, the top-k operator, parameter counts."""
+"""Benchmarks: decode speed, long inputs, the top-k operator, parameter counts."""

@@ -1,4 +1,4 @@
-"""Builders both models use: embedding, logits, layers run once when decoding."""
+"""Builders both models use: embedding, logits, a layer run once to decode."""
 from trax import layers as tl
 
 from terraformer.layers.sparse_logits import SparseLogits

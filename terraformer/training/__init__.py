@@ -1,1 +1,1 @@
-"""Training: the checkpointed loop, FSDP, processes and devices, fine-tuning, the soak test."""
+"""Training: the loop, FSDP, resuming, memory plan, fine-tuning, the soak test."""

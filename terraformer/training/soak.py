@@ -99,8 +99,8 @@ def _leftovers(output_dir):
 
 
 def _same_weights(dir_a, dir_b):
-  a, b = (checkpoint_format.read_trax_checkpoint(os.path.join(d, 'model.pkl.gz'))
-          for d in (dir_a, dir_b))
+  a, b = (checkpoint_format.read_trax_checkpoint(
+      os.path.join(d, 'model.pkl.gz')) for d in (dir_a, dir_b))
   flat = lambda c: list(c['flat_weights']) + [
       s for slots in c['slots_per_task'] for s in slots]
   return (a['step'] == b['step'] and len(flat(a)) == len(flat(b)) and

@@ -231,8 +231,8 @@ def test_init_checkpoint_accepts_a_trax_checkpoint(tmp_path):
   with contextlib.redirect_stdout(printed):
     loop = _train(tmp_path / 'out', 1, seed=0, init_checkpoint=path)
   assert 'Fine-tuning from' in printed.getvalue()
-  imported = trax_import.import_weights(tiny_sparse_lm('eval'),
-                                        checkpoint_format.load_flat_weights(path)[0])
+  flat, _ = checkpoint_format.load_flat_weights(path)
+  imported = trax_import.import_weights(tiny_sparse_lm('eval'), flat)
   _assert_equal(FirstStep.weights, _flat(imported))
   # The imported model computes Trax's function.
   tokens = np.random.RandomState(1).randint(1, VOCAB, (4, 16)).astype(

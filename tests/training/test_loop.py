@@ -251,7 +251,8 @@ def test_every_evaluation_sees_the_same_batches(tmp_path):
 
 @pytest.mark.slow
 def test_importing_training_applies_compat_fixes():
-  code = ('import terraformer.training.loop; from terraformer.trax_bridge import compat; '
+  code = ('import terraformer.training.loop; '
+          'from terraformer.trax_bridge import compat; '
           'print(",".join(sorted(compat._APPLIED)))')
   out = subprocess.run([sys.executable, '-c', code], capture_output=True,
                        text=True, check=True).stdout.strip().splitlines()[-1]
