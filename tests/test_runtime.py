@@ -57,3 +57,18 @@ def test_import_is_quiet_unless_asked_and_applies_the_fixes():
   loud = _import_models('info')
   assert loud.stdout == 'True\n'
   assert loud.stderr.strip()  # The libraries' notices are shown again.
+
+
+def test_log_level_switch(monkeypatch, capsys):
+  from terraformer import runtime  # pylint: disable=g-import-not-at-top
+  from terraformer.cli import export  # pylint: disable=g-import-not-at-top
+  monkeypatch.setattr(runtime, '_level', ['warning'])
+  assert not runtime.verbose()
+  runtime.set_level('INFO')
+  assert runtime.level() == 'info' and runtime.verbose()
+  with pytest.raises(ValueError, match='not one of'):
+    runtime.set_level('loud')
+  # The CLIs' --verbosity: an unknown level is a one-line usage error.
+  assert export.main(['terraformer-export', '--verbosity=loud']) == 2
+  err = capsys.readouterr().err
+  assert err.startswith('terraformer-export: error: ') and err.count('\n') == 1
