@@ -72,3 +72,15 @@ def test_log_level_switch(monkeypatch, capsys):
   assert export.main(['terraformer-export', '--verbosity=loud']) == 2
   err = capsys.readouterr().err
   assert err.startswith('terraformer-export: error: ') and err.count('\n') == 1
+
+
+def test_a_name_of_an_old_module_that_became_a_package_says_where():
+  from terraformer import decoding  # pylint: disable=g-import-not-at-top
+  from terraformer import evaluation  # pylint: disable=g-import-not-at-top
+  from terraformer import training  # pylint: disable=g-import-not-at-top
+  for package, name, module in ((training, 'train', 'loop'),
+                                (decoding, 'decode', 'search'),
+                                (evaluation, 'evaluate', 'rouge')):
+    with pytest.raises(AttributeError,
+                       match=f'{package.__name__}.{module} since issue 24'):
+      getattr(package, name)
