@@ -41,15 +41,8 @@ def trax_checkpoint_file(path):
   """The `model.pkl.gz` of `path` (file or directory); checks its files."""
   if not path:
     raise errors.TerraformerError('--trax_checkpoint is required')
-  path = os.path.expanduser(path)
-  if os.path.isdir(path):
-    path = os.path.join(path, 'model.pkl.gz')
-  if not os.path.isfile(path):
-    raise errors.TerraformerError(f'Trax checkpoint {path!r} not found')
-  if not path.endswith('.pkl.gz'):
-    raise errors.TerraformerError(
-        f'Trax checkpoint {path!r} is not a model.pkl.gz file')
-  return path
+  from terraformer.checkpoint import format as checkpoint_format  # pylint: disable=g-import-not-at-top
+  return checkpoint_format.checkpoint_file(path, what='Trax checkpoint')
 
 
 def _precheck(flag_values):
