@@ -8,8 +8,8 @@ import terraformer  # noqa: F401  Installs compat fix 0 before tests import Trax
 
 # The longest files start first, so that with `pytest -n 2 --dist loadfile`
 # (scripts/test.sh) they do not end up alone at the end of the run.
-_LONGEST_FIRST = ('test_main_job.py', 'test_resume_sweep.py',
-                  'test_trax_import.py',
+_LONGEST_FIRST = ('test_main_job.py', 'training/test_resume_sweep.py',
+                  'trax_bridge/test_checkpoint_import.py',
                   'models/test_terraformer.py', 'test_gin_configs.py',
                   'models/test_long_inputs.py')
 

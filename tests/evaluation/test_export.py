@@ -3,6 +3,7 @@ import csv
 import functools
 import json
 import os
+import sys
 import time
 
 import numpy as np
@@ -156,7 +157,9 @@ def test_export_of_a_real_training_run(tmp_path):
   """A 3-step Loop run: the exported eval metrics are its history's."""
   from trax.supervised import lr_schedules  # pylint: disable=g-import-not-at-top
   from terraformer.training import loop as training  # pylint: disable=g-import-not-at-top
-  import test_training  # pylint: disable=g-import-not-at-top
+  sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(
+      os.path.abspath(__file__))), 'training'))
+  import test_loop as test_training  # pylint: disable=g-import-not-at-top
   loop = training.train(
       str(tmp_path / 'run'), model=test_training.tiny_lm,
       train_stream=test_training.counting_stream(),

@@ -168,7 +168,8 @@ def test_process_rows_are_disjoint_and_cover_the_batch():
 TRAIN_ARGS = ['--config_file=gin/tiny/soak.gin',
               '--config=terraformer.train.random_seed=1',
               '--config=terraformer.train.checkpoint_every=2']
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(
+    os.path.abspath(__file__))))
 
 
 def _train(out_dir, steps, devices, *args, env=None):

@@ -218,7 +218,8 @@ def test_missing_checkpoint_is_an_error_before_writing(tmp_path):
 def test_init_checkpoint_accepts_a_trax_checkpoint(tmp_path):
   """A checkpoint of Trax's ConfigurableTransformerLM, imported on the fly."""
   import sys  # pylint: disable=g-import-not-at-top
-  sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+  sys.path.insert(0, os.path.dirname(os.path.dirname(
+      os.path.abspath(__file__))))  # tests/trax_checkpoints.py
   import trax_checkpoints as tc  # pylint: disable=g-import-not-at-top
   from terraformer.trax_bridge import checkpoint_import as trax_import  # pylint: disable=g-import-not-at-top
   signature = tc.int_signature((4, 16))

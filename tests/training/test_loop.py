@@ -197,7 +197,7 @@ _DATA_PARALLEL_SCRIPT = textwrap.dedent("""
     import json, sys
     sys.path.insert(0, {tests_dir!r})
     import jax
-    import test_training as t
+    import test_loop as t
     from terraformer import errors
     out = sys.argv[1]
     loop = t._train(out + '/run', 30, eval_every=10)
