@@ -50,8 +50,7 @@ from terraformer import errors
 from terraformer.cli import common
 
 PROG = 'terraformer-bench'
-_HERE = os.path.dirname(os.path.abspath(__file__))
-_GIN_DIR = os.path.join(os.path.dirname(os.path.dirname(_HERE)), 'gin')
+_GIN_DIR = config.GIN_DIR
 DEFAULT_SWEEP_CONFIGS = ('bench/sweep_dense.gin', 'bench/sweep_sparse.gin')
 
 

@@ -38,11 +38,11 @@ import time
 
 import numpy as np
 
+from terraformer import config
 from terraformer.checkpoint import format as checkpoint_format
 from terraformer.checkpoint import store as checkpoints
 
-_GIN_DIR = os.path.join(os.path.dirname(os.path.dirname(
-    os.path.abspath(__file__))), 'gin')
+_GIN_DIR = config.GIN_DIR
 _PROGRESS = re.compile(r'^step (\d+)/')
 _RESUMED = re.compile(r'^Resuming from checkpoint at step (\d+)')
 # --random_draws: the soak LM with layers that draw from the rng every step.
