@@ -19,6 +19,7 @@ from absl import flags
 import gin
 import numpy as np
 
+from terraformer import config
 from terraformer.cli import common
 
 FLAGS = flags.FLAGS
@@ -39,8 +40,8 @@ def main(argv):
   import jax  # pylint: disable=g-import-not-at-top
   import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
   from trax import shapes  # pylint: disable=g-import-not-at-top
-  from terraformer import evaluation  # pylint: disable=g-import-not-at-top
-  common.parse_gin(FLAGS.config_file, FLAGS.config)
+  from terraformer.evaluation import rouge as evaluation  # pylint: disable=g-import-not-at-top
+  config.parse_gin(FLAGS.config_file, FLAGS.config)
   model_fn = _reference('terraformer.train.model')
   stream = iter(_reference('terraformer.train.eval_stream')())
   batches = list(itertools.islice(stream, FLAGS.batches))

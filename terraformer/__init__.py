@@ -24,6 +24,7 @@ MOVED = {
     'long_input_benchmark': 'benchmarks.long_input',
     'topk_benchmark': 'benchmarks.topk',
     'param_count': 'benchmarks.param_count',
+    'kernels.bench': 'benchmarks.kernels',
 }
 
 
@@ -32,8 +33,8 @@ class _MovedFinder(importlib.abc.MetaPathFinder):
 
   def find_spec(self, fullname, path=None, target=None):
     del path, target
-    prefix, _, name = fullname.rpartition('.')
-    if prefix == __name__ and name in MOVED:
+    name = fullname[len(__name__) + 1:]
+    if fullname.startswith(__name__ + '.') and name in MOVED:
       raise ModuleNotFoundError(
           f'{fullname} moved to {__name__}.{MOVED[name]}', name=fullname)
     return None

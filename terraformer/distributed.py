@@ -27,6 +27,7 @@ import time
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.sharding import Mesh
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec
 
@@ -235,8 +236,8 @@ def _sum_over_processes(tree, contribute):
   finished before and after it, so that it never runs beside another
   computation's collectives.
   """
-  mesh = device_mesh()
-  rows = NamedSharding(mesh, PartitionSpec(MESH_AXIS))
+  mesh = Mesh(np.asarray(jax.devices()), ('devices',))
+  rows = NamedSharding(mesh, PartitionSpec('devices'))
 
   def stacked(leaf):
     leaf = np.asarray(leaf)

@@ -111,9 +111,10 @@ def test_bad_settings_are_one_clear_error(shared_cache_dir, papers_dir,
 
 
 def test_gin_model_vocab_matches_the_stream():
+  from terraformer import config  # pylint: disable=g-import-not-at-top
   from terraformer.cli import common  # pylint: disable=g-import-not-at-top
   common.setup()
-  common.parse_gin([os.path.join(GIN_DIR, 'long_input', 'full.gin')], [])
+  config.parse_gin([os.path.join(GIN_DIR, 'long_input', 'full.gin')], [])
   try:
     def q(name):
       value = gin.query_parameter(name)
@@ -135,11 +136,12 @@ def test_pyramidion_pairing_trains_a_few_steps(shared_cache_dir, papers_dir,
                                                tmp_path):
   """gin/long_input/pyramidion.gin trains on the stream (synthetic corpus)."""
   del shared_cache_dir
-  from terraformer import training  # pylint: disable=g-import-not-at-top
+  from terraformer.training import loop as training  # pylint: disable=g-import-not-at-top
+  from terraformer import config  # pylint: disable=g-import-not-at-top
   from terraformer.cli import common  # pylint: disable=g-import-not-at-top
   common.setup()
   need = lrr.model_vocab_size(V, **SYMBOLS)
-  common.parse_gin(
+  config.parse_gin(
       [os.path.join(GIN_DIR, 'long_input', 'pyramidion.gin')],
       [f'VOCAB_SIZE = {V}', f'MODEL_VOCAB = {need}', 'INPUT_LEN = 256',
        'N_FACTS = 3', f"long_range_recall_stream.papers_dir = '{papers_dir}'",

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from trax import shapes
 
-from terraformer import decode_step
+from terraformer.decoding import step as decode_step
 from terraformer import kernels
 from terraformer.kernels import layers as kernel_layers
 from terraformer.layers.sparse_ff import SparseFF

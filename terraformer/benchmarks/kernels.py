@@ -1,6 +1,6 @@
 """Kernel vs XLA timings of the layers the decode kernels replace.
 
-  python -m terraformer.kernels.bench [--repeats=21] [--cases=800m_loss,...]
+  python -m terraformer.benchmarks.kernels [--repeats=21] [--cases=800m_loss,...]
 
 Each layer of the 800M / 17B shapes, random weights, one token: XLA's
 predict-mode code (float32) and the kernel layer with float32, bfloat16 and
@@ -16,7 +16,7 @@ import jax.numpy as jnp
 import numpy as np
 from trax import shapes
 
-from terraformer import decode_speed
+from terraformer.benchmarks import decode_speed
 from terraformer import kernels
 from terraformer.kernels import layers as kernel_layers
 from terraformer.layers.multiplicative_dense import MultiplicativeDense

@@ -29,15 +29,17 @@ import jax
 import numpy as np
 import pytest
 
-from terraformer import checkpoints
+from terraformer import config
 from terraformer import distributed
-from terraformer import training
+from terraformer.checkpoint import store as checkpoints
 from terraformer.cli import common
+from terraformer.training import loop as training
 from trax.supervised import history as trax_history
 
 common.setup()  # The compat fixes; every gin configurable registered.
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(
+    os.path.abspath(__file__))))
 N = 3  # Steps before the resume, and after it.
 SCHEDULE = ['terraformer.train.eval_every = 3',
             'terraformer.train.eval_batches = 1',
@@ -119,7 +121,7 @@ def compilation_cache(tmp_path_factory):
 
 
 def _parse(config, bindings):
-  common.parse_gin([os.path.join(ROOT, 'gin', config)],
+  config.parse_gin([os.path.join(ROOT, 'gin', config)],
                    list(bindings) + SCHEDULE)
 
 
