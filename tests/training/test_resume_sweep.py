@@ -29,7 +29,7 @@ import jax
 import numpy as np
 import pytest
 
-from terraformer import config
+from terraformer import config as gin_config
 from terraformer import distributed
 from terraformer.checkpoint import store as checkpoints
 from terraformer.cli import common
@@ -121,8 +121,8 @@ def compilation_cache(tmp_path_factory):
 
 
 def _parse(config, bindings):
-  config.parse_gin([os.path.join(ROOT, 'gin', config)],
-                   list(bindings) + SCHEDULE)
+  gin_config.parse_gin([os.path.join(ROOT, 'gin', config)],
+                       list(bindings) + SCHEDULE)
 
 
 def _train(config, bindings, output_dir, steps):
