@@ -5,6 +5,7 @@ import json
 import os
 import sys
 
+import gin
 import pytest
 from terraformer import config
 from terraformer.cli import common
@@ -40,6 +41,7 @@ def counts():
       assert info.main(['terraformer-info', f'--config_file={path}',
                         '--json']) == 0, path
       results[path] = json.loads(out.getvalue())
+  gin.clear_config()  # Leave no bindings to the test files that follow.
   return results
 
 
@@ -57,6 +59,7 @@ def test_bench_config_parses_and_builds(path):
   common.setup()
   config.parse_gin([path], [])
   layer = config.model_from_config()(mode='eval')
+  gin.clear_config()
   assert layer.sublayers  # A whole model, not an empty Serial.
 
 

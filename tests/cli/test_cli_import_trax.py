@@ -62,7 +62,9 @@ def test_imports_a_checkpoint_that_eval_and_decode_load(trax_checkpoint,
   assert code == 0
   assert 'Trax ConfigurableTransformerLM (step 42) into ScalingTransformerLM' \
       in stdout
-  assert sorted(os.listdir(out)) == ['model.pkl.gz', 'model.weights.npy.gz']
+  # One file with the weights inline, written atomically (as training
+  # writes model.pkl.gz), not Trax's model.pkl.gz + model.weights.npy.gz pair.
+  assert sorted(os.listdir(out)) == ['model.pkl.gz']
   # Loaded as terraformer-decode / -eval load checkpoints.
   tokens = np.random.RandomState(0).randint(1, VOCAB, (2, 8)).astype(np.int32)
   model, step = evaluation.load_model(config.model_from_config(), str(out),

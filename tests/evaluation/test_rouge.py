@@ -238,7 +238,7 @@ def test_lead_matched_picks_the_k_closest_in_words():
 
 def _synthetic_test_papers(tmp_path):
   import importlib.util  # pylint: disable=g-import-not-at-top
-  path = os.path.join(os.path.dirname(__file__), 'data',
+  path = os.path.join(os.path.dirname(os.path.dirname(__file__)), 'data',
                       'synthetic_papers.py')
   spec = importlib.util.spec_from_file_location('synthetic_papers', path)
   module = importlib.util.module_from_spec(spec)
