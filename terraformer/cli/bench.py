@@ -242,6 +242,7 @@ def _bench(flag_values, model_files):
     print(benchmark.format_table(report)
           if flag_values.project_layers is None
           else benchmark.format_projection(report))
+    print(benchmark.format_memory_lines(report))
   if flag_values.json:
     with open(flag_values.json, 'w') as f:
       json.dump(benchmark.json_report(report), f, indent=2)
