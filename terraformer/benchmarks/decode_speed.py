@@ -677,6 +677,9 @@ def time_models(models, tokens=32, prompt_len=16, repeats=5, seed=0,
     timers = {}
     step_bytes_ = {}
     for i in group:
+      if log:
+        log(f'model {i + 1}/{len(models)}: making {sizes[i] / 2**30:.2f} GiB '
+            'of weights and caches')
       timers[i] = DecodeTimer(models[i], tokens, prompt_len, seed,
                               all_shapes[i])
       timers[i].warm_up()

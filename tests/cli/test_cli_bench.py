@@ -142,6 +142,15 @@ def test_table_and_json(tmp_path, capsys):
                                           abs=0.051)
   assert models[1]['bytes_per_token'] < models[0]['bytes_per_token']
   assert report['settings']['tokens'] == 2
+  # Memory held per model (weights by layer kind, caches) and peak RSS.
+  for m in models:
+    held = sum(m['memory_by_kind'].values())
+    assert held >= sum(v for k, v in m['memory_by_kind'].items()
+                       if k != 'state (caches)') > 0
+  assert [r.split(':')[0] for r in rows if r.startswith('memory ')] == [
+      'memory dense', 'memory dense+sparse']
+  assert report['peak_rss_bytes'] > held
+  assert f"{report['peak_rss_bytes'] / 2**30:.2f} GiB" in rows[-1]
 
 
 @pytest.mark.slow
