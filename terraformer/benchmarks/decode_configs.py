@@ -459,6 +459,10 @@ def agreement(configs, parse, tokens=32, prompt_len=16, seed=0, log=print):
   for name, config in configs:
     parse(config, [])
     spec = spec_from_gin(name)
+    if decode_speed.weights_created(spec.model) != 'float32':
+      raise errors.TerraformerError(
+          f"--agreement: {name} sets bench_weights.created = 'stored': "
+          'its weights would not be the float32 weights of the others')
     log(f'agreement: {name}...')
     timer = decode_speed.DecodeTimer(spec.model, tokens, prompt_len, seed)
     del spec

@@ -181,7 +181,8 @@ def bind_bench_weights(model, created=None):
   return getattr(model, _WEIGHTS_ATTR)
 
 
-def _weights_created(model):
+def weights_created(model):
+  """`model`'s bound bench_weights, else the gin one."""
   return getattr(model, _WEIGHTS_ATTR, None) or bench_weights()
 
 
@@ -190,7 +191,7 @@ def decode_weights(model, weight_shapes, seed=0, step=None):
   (`step`: its `decode_step.make_step`, made here if not given)."""
   step = step or decode_step.make_step(model)
   _, storage = decode_step.model_options(model)
-  if _weights_created(model) == 'stored':
+  if weights_created(model) == 'stored':
     return random_stored_weights(model, weight_shapes, storage, seed)
   return step.store_weights(random_weights(weight_shapes, seed, model))
 
@@ -660,7 +661,7 @@ def time_models(models, tokens=32, prompt_len=16, repeats=5, seed=0,
         model, decode_step.predict_signature(model, prompt_len))
     all_shapes.append(shapes_)
     weight_shapes = shapes_[0]
-    if _weights_created(model) == 'stored':
+    if weights_created(model) == 'stored':
       weight_shapes = jax.eval_shape(decode_step.prepare_model(model),
                                      weight_shapes)
     sizes.append(weights_memory(weight_shapes, model) + _nbytes(shapes_[1]))

@@ -78,6 +78,11 @@ def test_split_config_files():
     (['--config_file={sparse}'], ['no model configured']),
     (['--config_file={dense}', '--agreement'],
      ['--agreement needs two or more']),
+    (['--config_file={dense}', '--config_file={dense}', '--agreement',
+      "--config=bench_weights.created = 'stored'"],
+     ['--agreement: dense', "bench_weights.created = 'stored'"]),
+    (['--config_file={dense}', "--config=bench_weights.created = 'int4'"],
+     ['bench_weights.created must be one of']),
 ])
 def test_errors(tmp_path, capsys, args, parts):
   dense, sparse = _configs(tmp_path)
