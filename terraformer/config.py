@@ -23,6 +23,7 @@ CONFIGURABLE_MODULES = (
     'terraformer.layers', 'terraformer.models', 'terraformer.data',
     'terraformer.training.loop', 'terraformer.benchmarks.param_count',
     'terraformer.evaluation.rouge',  # text_vocab, bound in the gin files.
+    'terraformer.benchmarks.decode_speed',  # bench_weights.
 )
 
 # The repository's gin/ folder: `include 'scaling_800m/base.gin'` resolves

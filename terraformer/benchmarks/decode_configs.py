@@ -108,11 +108,13 @@ def spec_from_gin(name, fit_blocks=None):
   model = model_fn(mode='predict', **overrides)
   decode_step.check_model(model)
   options = decode_step.bind_options(model)  # This config's kernels/storage.
+  created = decode_speed.bind_bench_weights(model)  # And its random weights.
   base = None
   if kwarg and n_blocks:
     base = model_fn(mode='predict', **dict(
         overrides, **_base_overrides(kwargs, kwarg)))
     decode_step.bind_options(base, options)
+    decode_speed.bind_bench_weights(base, created)
   return decode_speed.ModelSpec(name, model, base, n_blocks)
 
 
@@ -274,7 +276,8 @@ def run(configs, parse, tokens=32, prompt_len=16, repeats=5, seed=0,
   if project_layers is not None:
     settings.update(project_layers=project_layers, fit_blocks=fit_blocks)
   return {'bandwidth_gbps': bandwidth, 'bandwidth_gbps_max': bandwidth_max,
-          'settings': settings, 'models': results}
+          'settings': settings, 'models': results,
+          'peak_rss_bytes': decode_speed.peak_rss_bytes()}
 
 
 def project(result, n_layers):
@@ -410,6 +413,17 @@ def format_projection(report):
   return '\n'.join(lines)
 
 
+def format_memory_lines(report):
+  """Each model's memory held while timed (weights by layer class and
+  dtype, caches) and the process's peak RSS."""
+  lines = [f"memory {r['name']}: "
+           + decode_speed.format_memory(r['memory_by_kind'])
+           for r in report['models'] if r.get('memory_by_kind')]
+  lines.append(f"peak RSS of this run: {report['peak_rss_bytes'] / 2**30:.2f}"
+               ' GiB (weights are held one group of models at a time)')
+  return '\n'.join(lines)
+
+
 def json_report(report):
   """`run`'s report as JSON-ready data (numbers and strings only)."""
   def clean(value):
@@ -445,6 +459,10 @@ def agreement(configs, parse, tokens=32, prompt_len=16, seed=0, log=print):
   for name, config in configs:
     parse(config, [])
     spec = spec_from_gin(name)
+    if decode_speed.weights_created(spec.model) != 'float32':
+      raise errors.TerraformerError(
+          f"--agreement: {name} sets bench_weights.created = 'stored': "
+          'its weights would not be the float32 weights of the others')
     log(f'agreement: {name}...')
     timer = decode_speed.DecodeTimer(spec.model, tokens, prompt_len, seed)
     del spec

@@ -12,12 +12,16 @@ The step timed is `terraformer.decoding.step.make_step`, the one decoding
 uses; this module gives it random weights, times it and counts its bytes.
 """
 import collections
+import functools
 import gc
 import inspect
+import math
 import re
+import resource
 import time
 import warnings
 
+import gin
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -26,7 +30,9 @@ from trax.layers import attention as trax_attention
 from trax.layers import combinators as trax_combinators
 from trax.layers import core as trax_core
 
+from terraformer import errors
 from terraformer.decoding import step as decode_step
+from terraformer.kernels import layers as kernel_layers
 from terraformer.layers.lsh_attention import CausalDotProductAttention
 from terraformer.layers.prefix_attention import PrefixCausalAttention
 from terraformer.layers.ops import bucket_for
@@ -47,15 +53,20 @@ def _run_once_mask(model, weights):
   Those layers (the encoder, the encoder-decoder keys and values) run on the
   first call only; decoding steps never read their weights.
   """
-  def walk(layer, w, cached):
-    if isinstance(w, dict) and w == tl.GET_WEIGHTS_FROM_CACHE:
-      return w
-    cached = cached or isinstance(layer, trax_combinators.Cache)
-    subs = layer.sublayers
-    if subs and isinstance(w, (tuple, list)) and len(w) == len(subs):
-      return type(w)(walk(sub, sub_w, cached) for sub, sub_w in zip(subs, w))
-    return jax.tree_util.tree_map(lambda _: cached, w)
-  return walk(model, weights, False)
+  return kernel_layers.map_leaf_layers(
+      model, weights,
+      lambda layer, w, run_once: jax.tree_util.tree_map(
+          lambda _: run_once, w))
+
+
+@functools.partial(jax.jit, static_argnums=(2, 3))
+def _repeated(block, scale, shape, dtype):
+  """`block` repeated in flat order to fill `shape`, times `scale`, as
+  `dtype`: one fused XLA loop, so only the result is allocated (numpy's
+  np.resize + a copy to JAX held the matrix up to three times)."""
+  size = math.prod(shape)
+  flat = jnp.tile(block.ravel(), -(-size // block.size))[:size]
+  return (flat * scale).reshape(shape).astype(dtype)
 
 
 def random_weights(weight_shapes, seed=0, model=None):
@@ -66,26 +77,32 @@ def random_weights(weight_shapes, seed=0, model=None):
   not depend on the values, but they must stay finite through the layers.
   Given the `model`, the weights of layers that only run on the first call
   (under tl.Cache: the encoder) share one array per shape, to save memory;
-  every weight a decoding step reads is its own array.
+  every weight a decoding step reads is its own array. Leaves that are
+  already arrays (not jax.ShapeDtypeStruct) are kept.
   """
   rng = np.random.default_rng(seed)
   shared = {}
 
   def fill(leaf, run_once=False):
+    if isinstance(leaf, (jax.Array, np.ndarray)):
+      return leaf
     key = (leaf.shape, jnp.dtype(leaf.dtype).name)
     if run_once and key in shared:
       return shared[key]
+    size = math.prod(leaf.shape)
     if not jnp.issubdtype(leaf.dtype, jnp.floating):
       value = jnp.zeros(leaf.shape, leaf.dtype)
     else:
-      size = int(np.prod(leaf.shape, dtype=np.int64))
       # Arrays larger than RANDOM_BLOCK (the 17B ones) repeat one random
       # block: drawing gigabytes of normals would take minutes.
-      values = np.resize(rng.standard_normal(min(size, RANDOM_BLOCK),
-                                             dtype=np.float32), leaf.shape)
-      values *= (1.0 / np.sqrt(leaf.shape[0])) if len(leaf.shape) >= 2 else (
+      block = rng.standard_normal(min(size, RANDOM_BLOCK), dtype=np.float32)
+      scale = (1.0 / np.sqrt(leaf.shape[0])) if len(leaf.shape) >= 2 else (
           0.02)
-      value = jnp.asarray(values, dtype=leaf.dtype)
+      if size > RANDOM_BLOCK:
+        value = _repeated(block, np.float32(scale), leaf.shape, leaf.dtype)
+      else:
+        block *= scale
+        value = jnp.asarray(block.reshape(leaf.shape), dtype=leaf.dtype)
     if run_once:
       shared[key] = value
     return value
@@ -94,6 +111,109 @@ def random_weights(weight_shapes, seed=0, model=None):
     return jax.tree_util.tree_map(fill, weight_shapes)
   return jax.tree_util.tree_map(fill, weight_shapes,
                                 _run_once_mask(model, weight_shapes))
+
+
+def random_stored_matrix(shape, storage, rng):
+  """(matrix, (row scales,) or ()): a random N(0, 1/shape[0]) matrix of
+  `shape` created directly in `storage`, as `kernel_layers._store` stores one.
+
+  A block of whole rows (at most RANDOM_BLOCK values) is drawn in float32
+  and stored (int8: `kernel_layers.quantize_rows`, so each row spans -127..127
+  like a quantized random matrix, with its own scale); the matrix repeats
+  those rows. Only the stored matrix is allocated at full size.
+  """
+  rows, cols = shape[0], math.prod(shape[1:])
+  n = max(1, min(rows, RANDOM_BLOCK // max(cols, 1)))
+  block = rng.standard_normal((n, cols), dtype=np.float32)
+  block *= 1.0 / np.sqrt(rows)
+  one = np.float32(1)
+  if storage == 'int8':
+    q, scale = kernel_layers.quantize_rows(block)
+    return (_repeated(q.astype(jnp.float32), one, tuple(shape), jnp.int8),
+            (_repeated(scale, one, (rows,), jnp.float32),))
+  return _repeated(block, one, tuple(shape), jnp.dtype(storage)), ()
+
+
+def random_stored_weights(model, weight_shapes, storage, seed=0):
+  """Random weights made directly in the decode storage (int8, bfloat16).
+
+  `model` must have its kernel layers installed (`decode_step.make_step`
+  does it). The kernel layers' matrices, those `kernel_layers.store_weights`
+  would convert, are created one at a time by `random_stored_matrix` in
+  `storage` (int8 with float32 row scales); every other weight is float32
+  from `random_weights` (run-once weights shared per shape). The result has
+  the structure, shapes and dtypes of `store_weights(model,
+  random_weights(weight_shapes, ...), storage)`, but no float32 copy of a
+  kernel matrix is ever made: how the 17B models fit in memory.
+  """
+  rng = np.random.default_rng(seed + 1)
+  stored = kernel_layers.store_weights(
+      model, weight_shapes, storage,
+      lambda shape, storage_: random_stored_matrix(shape.shape, storage_, rng))
+  return random_weights(stored, seed, model)
+
+
+# How terraformer-bench makes a model's random weights.
+WEIGHT_SOURCES = ('float32', 'stored')
+_WEIGHTS_ATTR = '_terraformer_bench_weights'
+
+
+@gin.configurable(module='terraformer')
+def bench_weights(created='float32'):
+  """How terraformer-bench creates random weights (gin; checked).
+
+  created: 'float32': a float32 tree that the step converts to
+    `decode_options.weights` (every storage of one config then decodes the
+    same weights: --agreement); 'stored': the kernel layers' matrices made
+    directly in `decode_options.weights` (`random_stored_weights`), never a
+    float32 copy: the 17B models in int8.
+  """
+  if created not in WEIGHT_SOURCES:
+    raise errors.TerraformerError(
+        f'bench_weights.created must be one of {WEIGHT_SOURCES}, got '
+        f'{created!r}')
+  return created
+
+
+def bind_bench_weights(model, created=None):
+  """Fixes `model`'s `bench_weights` now (default: the gin one)."""
+  setattr(model, _WEIGHTS_ATTR, created or bench_weights())
+  return getattr(model, _WEIGHTS_ATTR)
+
+
+def weights_created(model):
+  """`model`'s bound bench_weights, else the gin one."""
+  return getattr(model, _WEIGHTS_ATTR, None) or bench_weights()
+
+
+def decode_weights(model, weight_shapes, seed=0, step=None):
+  """Random weights of `model` in its decode storage, as bench_weights says
+  (`step`: its `decode_step.make_step`, made here if not given)."""
+  step = step or decode_step.make_step(model)
+  _, storage = decode_step.model_options(model)
+  if weights_created(model) == 'stored':
+    return random_stored_weights(model, weight_shapes, storage, seed)
+  return step.store_weights(random_weights(weight_shapes, seed, model))
+
+
+def memory_by_kind(model, weights):
+  """{'<layer class> <dtype>[ (under tl.Cache)]': bytes} of `weights`
+  (arrays or shapes), each array counted once (`random_weights` shares the
+  arrays of layers under tl.Cache, the encoder's, per shape; the shared
+  embedding is the encoder's too)."""
+  seen, out = set(), collections.Counter()
+
+  def count(layer, w, run_once):
+    for leaf in jax.tree_util.tree_leaves(w):
+      if id(leaf) in seen or not hasattr(leaf, 'dtype'):
+        continue
+      seen.add(id(leaf))
+      kind = f'{type(layer).__name__} {jnp.dtype(leaf.dtype).name}'
+      out[kind + (' (under tl.Cache)' if run_once else '')] += _nbytes(leaf)
+    return w
+
+  kernel_layers.map_leaf_layers(model, weights, count)
+  return dict(out)
 
 
 def weights_memory(weight_shapes, model=None):
@@ -373,8 +493,7 @@ class DecodeTimer:
         model, self.signature)
     step = decode_step.make_step(model)
     # Kernel layers' weights in their decode storage (bf16/int8), if asked.
-    self.weights = step.store_weights(
-        random_weights(weight_shapes, seed, model))
+    self.weights = decode_weights(model, weight_shapes, seed, step)
     self.decode_path = decode_step.describe_options(
         decode_step.model_options(model))
     self.prompt = jnp.asarray(np.random.default_rng(seed).integers(
@@ -472,6 +591,14 @@ class DecodeTimer:
     return sum(int(np.prod(l.shape, dtype=np.int64))
                for l in jax.tree_util.tree_leaves(self.weights))
 
+  def memory_by_kind(self):
+    """{kind: bytes} of the weights held (`memory_by_kind`) and 'state
+    (caches)' after the first call."""
+    out = memory_by_kind(self.model, self.weights)
+    if self.steady_state is not None:
+      out['state (caches)'] = _nbytes(self.steady_state)
+    return out
+
   def close(self):
     """Frees the weights (the model keeps None leaves)."""
     to_none = lambda tree: jax.tree_util.tree_map(lambda _: None, tree)
@@ -479,6 +606,19 @@ class DecodeTimer:
     self.model.state = to_none(self.model.state)
     self.weights = None
     self._step = None
+
+
+def format_memory(by_kind):
+  """'12.3 GiB: KernelDense int8 8.1, ...' (GiB, largest first)."""
+  gib = lambda n: n / 2**30
+  parts = ', '.join(f'{k} {gib(v):.2f}' for k, v in sorted(
+      by_kind.items(), key=lambda kv: -kv[1]) if gib(v) >= 0.005)
+  return f'{gib(sum(by_kind.values())):.2f} GiB held: {parts}'
+
+
+def peak_rss_bytes():
+  """Peak resident memory of this process (bytes; Linux ru_maxrss)."""
+  return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
 def _available_memory():
@@ -503,9 +643,13 @@ def time_models(models, tokens=32, prompt_len=16, repeats=5, seed=0,
   rounds, one repeat of each per round; larger sets are split into such
   groups, in order.
 
+  Models whose weights are created in their decode storage
+  (`bench_weights.created='stored'`) count those stored bytes.
+
   Returns:
     one dict per model: ms_per_token_repeats, bytes_by_layer,
-    bytes_per_token, n_params.
+    bytes_per_token, n_params, decode_path, memory_by_kind (bytes of the
+    weights held, by layer class and dtype, and of the caches).
   """
   if memory_budget is None:
     available = _available_memory()
@@ -516,7 +660,11 @@ def time_models(models, tokens=32, prompt_len=16, repeats=5, seed=0,
     shapes_ = decode_step.init_shapes(
         model, decode_step.predict_signature(model, prompt_len))
     all_shapes.append(shapes_)
-    sizes.append(weights_memory(shapes_[0], model) + _nbytes(shapes_[1]))
+    weight_shapes = shapes_[0]
+    if weights_created(model) == 'stored':
+      weight_shapes = jax.eval_shape(decode_step.prepare_model(model),
+                                     weight_shapes)
+    sizes.append(weights_memory(weight_shapes, model) + _nbytes(shapes_[1]))
   groups, group, used = [], [], 0
   for i, size in enumerate(sizes):
     if group and used + size > memory_budget:
@@ -530,10 +678,16 @@ def time_models(models, tokens=32, prompt_len=16, repeats=5, seed=0,
     timers = {}
     step_bytes_ = {}
     for i in group:
+      if log:
+        log(f'model {i + 1}/{len(models)}: making {sizes[i] / 2**30:.2f} GiB '
+            'of weights and caches')
       timers[i] = DecodeTimer(models[i], tokens, prompt_len, seed,
                               all_shapes[i])
       timers[i].warm_up()
       step_bytes_[i] = timers[i].step_bytes()
+      if log:
+        log(f'model {i + 1}/{len(models)}: ' + format_memory(
+            timers[i].memory_by_kind()))
     if log:
       log(f'timing {len(group)} model(s) together: {repeats} rounds')
     times = {i: [] for i in group}
@@ -545,7 +699,8 @@ def time_models(models, tokens=32, prompt_len=16, repeats=5, seed=0,
       results[i] = {'ms_per_token_repeats': times[i],
                     'bytes_by_layer': by_layer, 'bytes_per_token': total,
                     'n_params': timers[i].n_params,
-                    'decode_path': timers[i].decode_path}
+                    'decode_path': timers[i].decode_path,
+                    'memory_by_kind': timers[i].memory_by_kind()}
       timers[i].close()
     del timers
     gc.collect()
@@ -599,6 +754,7 @@ def _result(spec, full, base, bandwidth_gbps):
       'bytes_by_layer': full['bytes_by_layer'],
       'ms_per_block': None, 'bytes_per_block': None,
       'decode_path': full.get('decode_path'),
+      'memory_by_kind': full.get('memory_by_kind'),
   }
   if base is not None:
     base_ms = float(np.median(base['ms_per_token_repeats']))

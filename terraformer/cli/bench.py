@@ -34,6 +34,12 @@ terraformer.decoding.search.decode next to Trax's own autoregressive_sample.
 weights, fed the first's greedy tokens): max |delta logit| and greedy
 agreement, e.g. of the fused kernels (gin/bench/800m_*_kernels*.gin,
 `decode_options`) with bf16/int8 weights against float32.
+The gin binding bench_weights.created = 'stored' makes each model's kernel
+layer matrices directly in their decode storage (int8 + row scales), never a
+float32 copy: the 17B int8 configs (gin/bench/*17b*_kernels_int8.gin) fit in
+memory that way; the run then prints the memory each model held (weights by
+layer kind, caches) and the peak RSS (not with --agreement, which needs the
+same float32 weights for every model).
 --profile_dir=DIR writes a jax.profiler trace of --tokens decoding steps of
 each model (after an untimed warm-up, so no compilation in it) under DIR,
 one run folder per model (view with TensorBoard's profile plugin, or open
@@ -242,6 +248,7 @@ def _bench(flag_values, model_files):
     print(benchmark.format_table(report)
           if flag_values.project_layers is None
           else benchmark.format_projection(report))
+    print(benchmark.format_memory_lines(report))
   if flag_values.json:
     with open(flag_values.json, 'w') as f:
       json.dump(benchmark.json_report(report), f, indent=2)

@@ -14,7 +14,9 @@ matrices (W1ᵀ and W2 of SparseFF, E of MultiplicativeDense, W of Dense) to
 bfloat16, or to int8 with one float32 scale per row (appended after the
 layer's own weights: scaled rows of W1ᵀ/W2 are units, rows of E and W are
 input features, whose scales fold into the input). Controllers, biases,
-embeddings and attention caches stay float32.
+embeddings and attention caches stay float32. `map_leaf_layers` is the walk
+over a model's layers and weights that both this and the benchmark's random
+weights (`terraformer.benchmarks.decode_speed`) use.
 
 Each layer calls its kernel when `use_ffi` and the library is loaded
 (`terraformer.kernels.available()`) and the step has at most MAX_FFI_ROWS
@@ -95,10 +97,10 @@ class KernelSparseFF(_KernelMixin, SparseFF):
     finally:
       self.weights = saved
 
-  def store(self, weights, storage):
+  def store(self, weights, storage, store_matrix=_store):
     c1, c2, c, w1t, w2, b2 = weights
-    w1t, s1 = _store(w1t, storage)
-    w2, s2 = _store(w2, storage)
+    w1t, s1 = store_matrix(w1t, storage)
+    w2, s2 = store_matrix(w2, storage)
     return (c1, c2, c, w1t, w2, b2) + s1 + s2
 
 
@@ -128,8 +130,8 @@ class KernelMultiplicativeDense(_KernelMixin, MultiplicativeDense):
     finally:
       self.weights = saved
 
-  def store(self, weights, storage):
-    e, s = _store(weights[1], storage)
+  def store(self, weights, storage, store_matrix=_store):
+    e, s = store_matrix(weights[1], storage)
     return (weights[0], e) + tuple(weights[2:]) + s
 
 
@@ -155,10 +157,10 @@ class KernelDense(_KernelMixin, trax_core.Dense):
     y = jnp.dot(x, _load(w, scale))
     return y if bias is None else y + bias
 
-  def store(self, weights, storage):
+  def store(self, weights, storage, store_matrix=_store):
     if not isinstance(weights, (tuple, list)):
       weights = (weights,)
-    w, s = _store(weights[0], storage)
+    w, s = store_matrix(weights[0], storage)
     return (w,) + tuple(weights[1:]) + s
 
 
@@ -197,16 +199,16 @@ def install(model, use_ffi=True):
   return count
 
 
-def store_weights(model, weights, storage):
-  """`weights` with the kernel layers' matrices in `storage` (installed
-  model). Layers under tl.Cache (run on the first call only: the encoder)
-  keep float32."""
-  if storage not in STORAGES:
-    raise ValueError(f'weight storage must be one of {STORAGES}, got '
-                     f'{storage!r}')
-  if storage == 'float32':
-    return weights
+def map_leaf_layers(model, weights, fn):
+  """`weights` with `fn(layer, w, run_once)` applied at each leaf layer.
 
+  Walks the layer tree and the weights tree together: a layer whose weights
+  split over its sublayers is descended into; at any other layer `w` (its
+  weights) becomes `fn(layer, w, run_once)`, where `run_once` says that the
+  layer is under a tl.Cache (run on the first call only: the encoder, the
+  encoder-decoder keys and values). Shared weights (GET_WEIGHTS_FROM_CACHE)
+  are kept. The one walker of the stored and the random decode weights.
+  """
   def walk(layer, w, cached):
     if isinstance(w, dict) and w == tl.GET_WEIGHTS_FROM_CACHE:
       return w
@@ -214,9 +216,31 @@ def store_weights(model, weights, storage):
     subs = layer.sublayers
     if subs and isinstance(w, (tuple, list)) and len(w) == len(subs):
       return type(w)(walk(s, sw, cached) for s, sw in zip(subs, w))
-    if isinstance(layer, _KernelMixin) and not cached and not subs:
-      return layer.store(w, storage)
-    return w
+    return fn(layer, w, cached)
 
   return walk(model, weights, False)
 
+
+def store_weights(model, weights, storage, store_matrix=_store):
+  """`weights` with the kernel layers' matrices in `storage` (installed
+  model). Layers under tl.Cache (run on the first call only: the encoder)
+  keep float32.
+
+  `store_matrix(w, storage) -> (stored matrix, (scales,) or ())` stores one
+  matrix: by default it converts the float32 array `w`;
+  `decode_speed.random_stored_weights` passes one that creates a random
+  stored matrix of `w`'s shape directly (no float32 copy).
+  """
+  if storage not in STORAGES:
+    raise ValueError(f'weight storage must be one of {STORAGES}, got '
+                     f'{storage!r}')
+  if storage == 'float32':
+    return weights
+
+  def store(layer, w, run_once):
+    if isinstance(layer, _KernelMixin) and not run_once and not (
+        layer.sublayers):
+      return layer.store(w, storage, store_matrix)
+    return w
+
+  return map_leaf_layers(model, weights, store)

@@ -12,6 +12,8 @@ from trax.models.research import configurable_transformer as ct
 from terraformer.benchmarks import decode_speed
 from terraformer.decoding import step as decode_step
 from terraformer import errors
+from terraformer import kernels
+from terraformer.kernels import layers as kernel_layers
 from terraformer.layers.ops import bucket_for
 from terraformer.models import ScalingTransformer
 from terraformer.models import ScalingTransformerLM
@@ -103,6 +105,68 @@ def test_random_weights_share_only_what_decoding_never_reads():
       unique.values())
   assert decode_speed.weights_memory(weight_shapes) == sum(
       l.nbytes for l in leaves)
+
+
+@pytest.mark.parametrize('storage', ['int8', 'bfloat16'])
+def test_stored_random_weights_have_store_weights_structure(storage,
+                                                            monkeypatch):
+  # A small block: matrices repeat rows, the embedding repeats its block.
+  monkeypatch.setattr(decode_speed, 'RANDOM_BLOCK', 3 * D_FF)
+  model = _encdec(**SPARSE)
+  weight_shapes, _ = decode_step.init_shapes(
+      model, decode_step.predict_signature(model, prompt_len=5))
+  decode_step.make_step(model, options=('ffi', storage))  # Installs layers.
+  converted = kernel_layers.store_weights(
+      model, decode_speed.random_weights(weight_shapes, model=model), storage)
+  direct = decode_speed.random_stored_weights(model, weight_shapes, storage)
+  assert (jax.tree_util.tree_structure(direct) ==
+          jax.tree_util.tree_structure(converted))
+  leaves = jax.tree_util.tree_leaves(direct)
+  assert [(l.shape, l.dtype) for l in leaves] == [
+      (l.shape, l.dtype) for l in jax.tree_util.tree_leaves(converted)]
+  stored = [l for l in leaves if l.dtype == jnp.dtype(storage)]
+  assert stored and all(np.isfinite(np.asarray(l, np.float32)).all()
+                        for l in leaves)
+  big = max(stored, key=lambda l: l.size)
+  rows = np.asarray(big, np.float32).reshape(big.shape[0], -1)
+  period = max(1, decode_speed.RANDOM_BLOCK // rows.shape[1])
+  assert rows.shape[0] > period  # The repeated case is exercised.
+  np.testing.assert_array_equal(rows[period:], rows[:-period])
+  assert len(np.unique(rows[:period])) > 20
+  if storage == 'int8':
+    # Each row spans -127..127 like a quantized random row.
+    for q in stored:
+      q = np.abs(np.asarray(q, np.int32)).reshape(q.shape[0], -1)
+      assert np.all(q.max(axis=1) == 127)
+  # Values spread like the converted float32 matrices of the same shape.
+  std = lambda tree: np.std(np.concatenate([
+      np.asarray(l, np.float32).ravel()
+      for l in jax.tree_util.tree_leaves(tree) if l.dtype == storage]))
+  assert abs(std(direct) / std(converted) - 1) < 0.2
+
+
+def test_model_with_stored_random_weights_decodes_on_both_paths():
+  assert kernels.available(), kernels.unavailable_reason()
+  decodes = []
+  for path in ('ffi', 'xla'):
+    model = _encdec(**SPARSE)
+    decode_step.bind_options(model, (path, 'int8'))
+    decode_speed.bind_bench_weights(model, 'stored')
+    timer = decode_speed.DecodeTimer(model, tokens=12, prompt_len=5, seed=0)
+    memory = timer.memory_by_kind()
+    assert any('int8' in kind for kind in memory)
+    decodes.append((timer.decode_path,) + timer.logits())
+    timer.close()
+  (ffi_path, ffi_logits, ffi_tokens), (xla_path, xla_logits, xla_tokens) = (
+      decodes)
+  assert ffi_path.startswith('ffi') and xla_path.startswith('xla')
+  assert ffi_tokens == xla_tokens and len(set(ffi_tokens)) > 1
+  np.testing.assert_allclose(ffi_logits, xla_logits, rtol=0, atol=1e-5)
+
+
+def test_bench_weights_refuses_unknown_source():
+  with pytest.raises(errors.TerraformerError, match='bench_weights.created'):
+    decode_speed.bench_weights('float64')
 
 
 # --- The jitted step --------------------------------------------------------

@@ -78,6 +78,11 @@ def test_split_config_files():
     (['--config_file={sparse}'], ['no model configured']),
     (['--config_file={dense}', '--agreement'],
      ['--agreement needs two or more']),
+    (['--config_file={dense}', '--config_file={dense}', '--agreement',
+      "--config=bench_weights.created = 'stored'"],
+     ['--agreement: dense', "bench_weights.created = 'stored'"]),
+    (['--config_file={dense}', "--config=bench_weights.created = 'int4'"],
+     ['bench_weights.created must be one of']),
 ])
 def test_errors(tmp_path, capsys, args, parts):
   dense, sparse = _configs(tmp_path)
@@ -142,6 +147,15 @@ def test_table_and_json(tmp_path, capsys):
                                           abs=0.051)
   assert models[1]['bytes_per_token'] < models[0]['bytes_per_token']
   assert report['settings']['tokens'] == 2
+  # Memory held per model (weights by layer kind, caches) and peak RSS.
+  for m in models:
+    held = sum(m['memory_by_kind'].values())
+    assert held >= sum(v for k, v in m['memory_by_kind'].items()
+                       if k != 'state (caches)') > 0
+  assert [r.split(':')[0] for r in rows if r.startswith('memory ')] == [
+      'memory dense', 'memory dense+sparse']
+  assert report['peak_rss_bytes'] > held
+  assert f"{report['peak_rss_bytes'] / 2**30:.2f} GiB" in rows[-1]
 
 
 @pytest.mark.slow
