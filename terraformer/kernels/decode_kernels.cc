@@ -208,6 +208,80 @@ TF_AVX2 void PanelAvx2(const float* xs, int64_t R, int64_t K, const W* w,
   }
 }
 
+// Many rows (the multiplicative dense layer of sparse QKV: S rows of x g c,
+// y [S, N] with N = d / S small): d x d multiply-adds over a W that fits in
+// cache, so arithmetic, not bytes, sets the time. Register-blocked: 4 rows x
+// 16 columns of y stay in 8 registers through a tile of kTileK rows of W
+// (loaded and converted once per 4 rows), tiles reused from cache by every
+// row block. Rows [r0, r1) of y, all N columns; sums run over k in order.
+constexpr int64_t kTileK = 256;
+
+template <typename W>
+TF_AVX2 void RowsAvx2(const float* xs, int64_t K, const W* w, int64_t N,
+                      float* y, int64_t ldy, int64_t r0, int64_t r1) {
+  const int64_t n16 = N / 16 * 16, n8 = N / 8 * 8;
+  for (int64_t r = r0; r < r1; ++r) std::fill(y + r * ldy, y + r * ldy + N, 0.f);
+  for (int64_t k0 = 0; k0 < K; k0 += kTileK) {
+    const int64_t k1 = std::min(K, k0 + kTileK);
+    int64_t r = r0;
+    for (; r + 4 <= r1; r += 4) {
+      const float* x0 = xs + r * K;
+      const float* x1 = x0 + K;
+      const float* x2 = x1 + K;
+      const float* x3 = x2 + K;
+      float* y0 = y + r * ldy;
+      float* y1 = y0 + ldy;
+      float* y2 = y1 + ldy;
+      float* y3 = y2 + ldy;
+      for (int64_t n = 0; n < n16; n += 16) {
+        __m256 c0a = _mm256_loadu_ps(y0 + n), c0b = _mm256_loadu_ps(y0 + n + 8);
+        __m256 c1a = _mm256_loadu_ps(y1 + n), c1b = _mm256_loadu_ps(y1 + n + 8);
+        __m256 c2a = _mm256_loadu_ps(y2 + n), c2b = _mm256_loadu_ps(y2 + n + 8);
+        __m256 c3a = _mm256_loadu_ps(y3 + n), c3b = _mm256_loadu_ps(y3 + n + 8);
+        for (int64_t k = k0; k < k1; ++k) {
+          const W* wk = w + k * N + n;
+          __m256 a = load8(wk), b = load8(wk + 8), v;
+          v = _mm256_broadcast_ss(x0 + k);
+          c0a = _mm256_fmadd_ps(v, a, c0a); c0b = _mm256_fmadd_ps(v, b, c0b);
+          v = _mm256_broadcast_ss(x1 + k);
+          c1a = _mm256_fmadd_ps(v, a, c1a); c1b = _mm256_fmadd_ps(v, b, c1b);
+          v = _mm256_broadcast_ss(x2 + k);
+          c2a = _mm256_fmadd_ps(v, a, c2a); c2b = _mm256_fmadd_ps(v, b, c2b);
+          v = _mm256_broadcast_ss(x3 + k);
+          c3a = _mm256_fmadd_ps(v, a, c3a); c3b = _mm256_fmadd_ps(v, b, c3b);
+        }
+        _mm256_storeu_ps(y0 + n, c0a); _mm256_storeu_ps(y0 + n + 8, c0b);
+        _mm256_storeu_ps(y1 + n, c1a); _mm256_storeu_ps(y1 + n + 8, c1b);
+        _mm256_storeu_ps(y2 + n, c2a); _mm256_storeu_ps(y2 + n + 8, c2b);
+        _mm256_storeu_ps(y3 + n, c3a); _mm256_storeu_ps(y3 + n + 8, c3b);
+      }
+      for (int64_t n = n16; n < n8; n += 8) {
+        __m256 c0 = _mm256_loadu_ps(y0 + n), c1 = _mm256_loadu_ps(y1 + n);
+        __m256 c2 = _mm256_loadu_ps(y2 + n), c3 = _mm256_loadu_ps(y3 + n);
+        for (int64_t k = k0; k < k1; ++k) {
+          __m256 a = load8(w + k * N + n);
+          c0 = _mm256_fmadd_ps(_mm256_broadcast_ss(x0 + k), a, c0);
+          c1 = _mm256_fmadd_ps(_mm256_broadcast_ss(x1 + k), a, c1);
+          c2 = _mm256_fmadd_ps(_mm256_broadcast_ss(x2 + k), a, c2);
+          c3 = _mm256_fmadd_ps(_mm256_broadcast_ss(x3 + k), a, c3);
+        }
+        _mm256_storeu_ps(y0 + n, c0); _mm256_storeu_ps(y1 + n, c1);
+        _mm256_storeu_ps(y2 + n, c2); _mm256_storeu_ps(y3 + n, c3);
+      }
+    }
+    // Tail rows (all columns) and tail columns (all rows): plain loops.
+    for (int64_t rr = r0; rr < r1; ++rr) {
+      const int64_t first = rr < r ? n8 : 0;
+      const float* x = xs + rr * K;
+      float* yr = y + rr * ldy;
+      for (int64_t k = k0; k < k1; ++k) {
+        const W* wk = w + k * N;
+        for (int64_t n = first; n < N; ++n) yr[n] += x[k] * to_f32(wk[n]);
+      }
+    }
+  }
+}
+
 template <typename W>
 void Panel(Isa isa, const float* xs, int64_t R, int64_t K, const W* w,
            int64_t N, float* y, int64_t ldy, int64_t n0, int64_t n1) {
@@ -256,10 +330,25 @@ void ParallelFor(ffi::ThreadPool* pool, int64_t n_chunks, F work) {
 // tf_set_parallel_bytes changes it (a huge value: never split).
 std::atomic<int64_t> g_parallel_bytes{1 << 20};
 
+// From this many rows (and columns of W under one panel) the AVX2 path
+// blocks rows in registers (RowsAvx2) and splits row groups over the pool.
+constexpr int64_t kManyRows = 8;
+constexpr int64_t kRowGroup = 8;
+
 template <typename W>
 void Matmul(ffi::ThreadPool* pool, const float* xs, int64_t R, int64_t K,
             const W* w, int64_t N, float* y, int64_t ldy) {
   Isa isa = CurrentIsa();
+  if (isa == Isa::kAvx2 && R >= kManyRows && N <= kPanel) {
+    const int64_t n_groups = (R + kRowGroup - 1) / kRowGroup;
+    // Multiply-adds, as bytes of float32 W would count them.
+    bool parallel = R * K * N * 4 >= g_parallel_bytes.load();
+    ParallelFor(parallel ? pool : nullptr, n_groups, [=](int64_t gi) {
+      const int64_t r0 = gi * kRowGroup;
+      RowsAvx2(xs, K, w, N, y, ldy, r0, std::min(R, r0 + kRowGroup));
+    });
+    return;
+  }
   int64_t n_panels = (N + kPanel - 1) / kPanel;
   bool parallel =
       K * N * static_cast<int64_t>(sizeof(W)) >= g_parallel_bytes.load();

@@ -35,13 +35,31 @@ def _isa_or_skip(set_isa, name):
     pytest.skip(f'this CPU lacks {name} (kernels use {used})')
 
 
+@pytest.fixture
+def split_every_product():
+  """Splits every product over the thread pool; restores the threshold."""
+  before = kernels.set_parallel_bytes()
+  kernels.set_parallel_bytes(0)
+  yield
+  kernels.set_parallel_bytes(before)
+
+
+# (T, S, K, N). 6 rows: N = 37 and K = 13 give vector tails in both
+# directions. 13 rows (>= 8: the row-blocked AVX2 path, split into row groups
+# of 8 when parallel): a 4-row block tail, K over two tiles of 256 rows, N =
+# 37 = 2 x 16 + 5 (no 8-wide block, a scalar tail) and N = 24 (one 16-wide
+# and one 8-wide block).
+@pytest.mark.parametrize('parallel', [False, True], ids=['serial', 'split'])
+@pytest.mark.parametrize('t,s,k,n', [(2, 3, 13, 37), (1, 13, 300, 37),
+                                     (1, 13, 300, 24)])
 @pytest.mark.parametrize('name', kernels.ISA_NAMES)
 @pytest.mark.parametrize('dtype', ['float32', 'bfloat16', 'int8'])
-def test_skinny_matmul_equals_numpy(isa, name, dtype):
+def test_skinny_matmul_equals_numpy(isa, request, name, dtype, t, s, k, n,
+                                    parallel):
   _isa_or_skip(isa, name)
+  if parallel:
+    request.getfixturevalue('split_every_product')
   rng = np.random.default_rng(0)
-  # N = 37 and K = 13: vector tails in both directions; T x S = 6 rows.
-  t, s, k, n = 2, 3, 13, 37
   x = rng.standard_normal((t, k)).astype(np.float32)
   g = rng.standard_normal((s, k)).astype(np.float32)
   w = rng.standard_normal((k, n)).astype(np.float32)
