@@ -474,6 +474,10 @@ def _greedy(logits):
   return jnp.argmax(logits[:, -1, :], axis=-1).astype(jnp.int32)[:, None]
 
 
+# The trace annotation around DecodeTimer's timed steps.
+TIMED_STEPS = 'terraformer_timed_steps'
+
+
 class DecodeTimer:
   """Greedy decoding of one model with random weights, batch 1, timed.
 
@@ -529,6 +533,22 @@ class DecodeTimer:
           lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype), state)
     return state, token
 
+  @property
+  def step_module(self):
+    """The step's HLO module name ('jit_' + its function's name), as a
+    profile's events name it."""
+    return 'jit_' + getattr(self._step, '__name__', 'pure_fn')
+
+  def compiled_step_text(self):
+    """The optimized HLO of the steady-state step (after the prompt), whose
+    instruction names a profile's operation events carry."""
+    with warnings.catch_warnings():
+      warnings.filterwarnings('ignore', message='Some donated buffers')
+      state, token = self._prime()
+    x = (self.prompt, token) if self.encdec else token
+    return self._step.lower(x, self.weights, state,
+                            self.rng).compile().as_text()
+
   def repeat(self):
     """Decodes `tokens` tokens from empty caches; returns ms per token."""
     step, weights, rng = self._step, self.weights, self.rng
@@ -538,13 +558,15 @@ class DecodeTimer:
       warnings.filterwarnings('ignore', message='Some donated buffers')
       state, token = self._prime()
       jax.block_until_ready(token)
-      start = time.perf_counter()
-      for _ in range(self.tokens):
-        x = (self.prompt, token) if self.encdec else token
-        outputs, state = step(x, weights, state, rng)
-        token = _greedy(_logits(outputs))
-      jax.block_until_ready(token)
-      elapsed = time.perf_counter() - start
+      # Marks the timed steps in a profile (step_profile; free otherwise).
+      with jax.profiler.TraceAnnotation(TIMED_STEPS):
+        start = time.perf_counter()
+        for _ in range(self.tokens):
+          x = (self.prompt, token) if self.encdec else token
+          outputs, state = step(x, weights, state, rng)
+          token = _greedy(_logits(outputs))
+        jax.block_until_ready(token)
+        elapsed = time.perf_counter() - start
     del state, outputs
     return 1e3 * elapsed / self.tokens
 

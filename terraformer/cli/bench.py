@@ -43,7 +43,10 @@ same float32 weights for every model).
 --profile_dir=DIR writes a jax.profiler trace of --tokens decoding steps of
 each model (after an untimed warm-up, so no compilation in it) under DIR,
 one run folder per model (view with TensorBoard's profile plugin, or open
-the .xplane.pb in XProf); nothing is timed or tabulated then.
+the .xplane.pb in XProf), and prints where a step's time goes: its XLA
+operations' self time per step by kind (ffi_call = the fused kernels) and
+the slowest ones with their compiled HLO line (benchmarks/step_profile.py);
+nothing is timed or tabulated otherwise.
 """
 import json
 import os
@@ -215,6 +218,7 @@ def _bench(flag_values, model_files):
     report = _profile(configs, parse, flag_values)
     for r in report:
       print(f"{r['name']:<28} trace of {r['tokens']} steps: {r['trace_dir']}")
+      print(r['summary_text'])
   elif flag_values.agreement:
     if len(configs) < 2:
       raise errors.TerraformerError(
@@ -260,6 +264,7 @@ def _profile(configs, parse, flag_values):
   import jax  # pylint: disable=g-import-not-at-top
   from terraformer.benchmarks import decode_configs as benchmark  # pylint: disable=g-import-not-at-top
   from terraformer.benchmarks import decode_speed  # pylint: disable=g-import-not-at-top
+  from terraformer.benchmarks import step_profile  # pylint: disable=g-import-not-at-top
   report = []
   for name, config in configs:
     parse(config, [])
@@ -274,9 +279,13 @@ def _profile(configs, parse, flag_values):
                              name.replace(os.sep, '_'))
     with jax.profiler.trace(trace_dir):
       timer.repeat()
+    hlo, module = timer.compiled_step_text(), timer.step_module
     timer.close()
+    summary = step_profile.summarize(trace_dir, module, flag_values.tokens,
+                                     decode_speed.TIMED_STEPS, hlo)
     report.append({'name': name, 'config': config, 'trace_dir': trace_dir,
-                   'tokens': flag_values.tokens})
+                   'tokens': flag_values.tokens, 'summary': summary,
+                   'summary_text': step_profile.format_summary(name, summary)})
   return report
 
 

@@ -1,6 +1,7 @@
 """terraformer-bench: one model per --config_file, errors, JSON, sweep."""
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -207,6 +208,18 @@ def test_profile_dir_writes_a_trace_per_model(tmp_path, capsys):
                                                           'dense')
             for f in files if f.endswith('.xplane.pb')]
   assert traces and all(os.path.getsize(t) > 0 for t in traces)
+  # The summary of the trace: the 2 timed steps' operations, by kind, and
+  # the slowest ones, each found in the compiled step's HLO.
+  assert 'dense: 2 steps, ' in out
+  lines = out.splitlines()
+  by_kind = next(l for l in lines if l.startswith('  by kind: '))
+  assert 'fusion' in by_kind
+  slowest = lines[lines.index('  slowest (ms/step):') + 1:]
+  assert len(slowest) >= 5
+  for line in slowest[:5]:
+    parts = line.split(maxsplit=2)  # ms, operation, its HLO line
+    assert len(parts) == 3 and float(parts[0]) >= 0, line
+    assert re.match(r'\(?[a-z]+\d*\[', parts[2].split()[1]), line  # a shape
 
 
 def test_profile_dir_must_be_a_folder(tmp_path, capsys):

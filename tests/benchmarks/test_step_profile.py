@@ -1,0 +1,40 @@
+"""The decode-step profile summary (terraformer/benchmarks/step_profile.py).
+
+Its parts on hand-made events and HLO; the whole of it, on a real trace, in
+tests/cli/test_cli_bench.py (--profile_dir).
+"""
+from terraformer.benchmarks import step_profile
+
+
+def test_self_time_subtracts_nested_operations_of_the_same_thread_only():
+  events = [
+      ('t0', 'cond.20.clone', 7, 'jit_pure_fn', 0, 100),
+      ('t0', 'wrapped_slice', 7, 'jit_pure_fn', 10, 30),   # in cond
+      ('t0', 'wrapped_slice.1', 7, 'jit_pure_fn', 45, 20),  # in cond
+      ('t0', 'dot', 7, 'jit_pure_fn', 120, 5),              # after it
+      ('t1', 'ffi_call.3', 7, 'jit_pure_fn', 20, 50),       # other thread
+  ]
+  assert step_profile.self_times(events) == [50, 30, 20, 5, 50]
+
+
+def test_kind_drops_instance_numbers():
+  assert step_profile.kind('ffi_call.13') == 'ffi_call'
+  assert step_profile.kind('cond.20.clone') == 'cond'
+  assert step_profile.kind('wrapped_slice.1') == 'wrapped_slice'
+  assert step_profile.kind('copy') == 'copy'
+  assert step_profile.kind('add_rsqrt_fusion.2') == 'fusion'
+  assert step_profile.kind('ynn_fusion.8') == 'ynn_fusion'
+
+
+def test_hlo_lines_name_the_kernel_target_shape_and_source_op():
+  hlo = '\n'.join([
+      'ENTRY %main.1 (p: f32[1,9216]) -> f32[1,1,9216] {',
+      '  %ffi_call.7 = f32[1,1,9216]{2,1,0} custom-call(%a, %b), '
+      'custom_call_target="tf_skinny_matmul", api_version=API_VERSION_TYPED_FFI',
+      '  ROOT %wrapped_slice = f32[96,64,96]{2,1,0} fusion(%c), kind=kLoop, '
+      'calls=%w, metadata={op_name="jit(pure_fn)/cond/branch_0_fun/slice"}',
+      '}'])
+  lines = step_profile.hlo_lines(hlo)
+  assert lines['ffi_call.7'] == 'custom-call f32[1,1,9216]{2,1,0} tf_skinny_matmul'
+  assert lines['wrapped_slice'] == 'fusion f32[96,64,96]{2,1,0} (slice)'
+  assert 'main.1' not in lines
