@@ -1,5 +1,6 @@
 """benchmark: gin models, Trax's reference, reports, the d_model sweep."""
 import json
+import math
 
 import gin
 import numpy as np
@@ -226,7 +227,11 @@ def test_projection_equals_the_deeper_model():
   # Bytes projected from 1 block and 0 blocks = those of the 3-block model.
   assert result['projected_bytes_per_token'] == pytest.approx(
       deep['bytes_per_token'])
-  assert result['projected_ms_per_token'] > result['ms_no_blocks'] > 0
+  # Times: measured, not compared (one repeat of a tiny model: under load the
+  # 1-block model can time below the 0-block one, so the projection's sign
+  # is noise here; docs/decoding-speed.md compares real ones).
+  assert result['ms_no_blocks'] > 0
+  assert math.isfinite(result['projected_ms_per_token'])
   table = benchmark.format_projection(projected)
   assert table.splitlines()[1].split()[:2] == ['sparse', '1']
   with pytest.raises(errors.TerraformerError, match='cannot be combined'):
