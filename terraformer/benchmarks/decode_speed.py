@@ -11,6 +11,7 @@ good when it runs close to that bound.
 The step timed is `terraformer.decoding.step.make_step`, the one decoding
 uses; this module gives it random weights, times it and counts its bytes.
 """
+import contextlib
 import collections
 import functools
 import gc
@@ -478,6 +479,15 @@ def _greedy(logits):
 TIMED_STEPS = 'terraformer_timed_steps'
 
 
+@contextlib.contextmanager
+def _first_call_donation_quiet():
+  """The first call changes the state's structure (tl.Cache fills in): some
+  donated buffers cannot be reused there, which JAX warns about."""
+  with warnings.catch_warnings():
+    warnings.filterwarnings('ignore', message='Some donated buffers')
+    yield
+
+
 class DecodeTimer:
   """Greedy decoding of one model with random weights, batch 1, timed.
 
@@ -542,8 +552,7 @@ class DecodeTimer:
   def compiled_step_text(self):
     """The optimized HLO of the steady-state step (after the prompt), whose
     instruction names a profile's operation events carry."""
-    with warnings.catch_warnings():
-      warnings.filterwarnings('ignore', message='Some donated buffers')
+    with _first_call_donation_quiet():
       state, token = self._prime()
     x = (self.prompt, token) if self.encdec else token
     return self._step.lower(x, self.weights, state,
@@ -552,10 +561,7 @@ class DecodeTimer:
   def repeat(self):
     """Decodes `tokens` tokens from empty caches; returns ms per token."""
     step, weights, rng = self._step, self.weights, self.rng
-    with warnings.catch_warnings():
-      # The first call changes the state's structure (tl.Cache fills in):
-      # some donated buffers cannot be reused there.
-      warnings.filterwarnings('ignore', message='Some donated buffers')
+    with _first_call_donation_quiet():
       state, token = self._prime()
       jax.block_until_ready(token)
       # Marks the timed steps in a profile (step_profile; free otherwise).
@@ -581,8 +587,7 @@ class DecodeTimer:
     at the same positions.
     """
     step, weights, rng = self._step, self.weights, self.rng
-    with warnings.catch_warnings():
-      warnings.filterwarnings('ignore', message='Some donated buffers')
+    with _first_call_donation_quiet():
       state, token = self._prime()
       rows, own = [], []
       for t in range(self.tokens):

@@ -213,12 +213,13 @@ def _bench(flag_values, model_files):
     benchmark.plot_sweep(report, flag_values.plot)
     print(f'plot: {flag_values.plot}')
   elif flag_values.profile_dir:
+    from terraformer.benchmarks import step_profile  # pylint: disable=g-import-not-at-top
     if not configs:
       raise errors.TerraformerError('at least one --config_file is required')
     report = _profile(configs, parse, flag_values)
     for r in report:
       print(f"{r['name']:<28} trace of {r['tokens']} steps: {r['trace_dir']}")
-      print(r['summary_text'])
+      print(step_profile.format_summary(r['name'], r['summary']))
   elif flag_values.agreement:
     if len(configs) < 2:
       raise errors.TerraformerError(
@@ -284,8 +285,7 @@ def _profile(configs, parse, flag_values):
     summary = step_profile.summarize(trace_dir, module, flag_values.tokens,
                                      decode_speed.TIMED_STEPS, hlo)
     report.append({'name': name, 'config': config, 'trace_dir': trace_dir,
-                   'tokens': flag_values.tokens, 'summary': summary,
-                   'summary_text': step_profile.format_summary(name, summary)})
+                   'tokens': flag_values.tokens, 'summary': summary})
   return report
 
 
