@@ -23,6 +23,8 @@ from terraformer.layers.blockwise_attention import BlockwiseAttentionCore
 from terraformer.layers.composite_slice_attention import check_dense_qkv
 from terraformer.layers.composite_slice_attention import CompositeSliceAttention
 from terraformer.layers.lsh_attention import CausalDotProductAttention
+from terraformer.layers.lsh_attention import decode_bucket_count
+from terraformer.layers.lsh_attention import DecoderLSHCore
 from terraformer.layers.lsh_attention import LSHCore
 from terraformer.layers.lsh_attention import PerExamplePrefill
 from terraformer.layers.sparse_qkv_attention import SparseQKV
@@ -56,7 +58,10 @@ def SelfAttention(d_model, n_heads, attention_type='full',
     dropout: attention dropout.
     lsh_chunk_len: LSH chunk length (divides the sequence length).
     lsh_n_hashes: LSH rounds of hashing.
-    lsh_n_buckets: LSH buckets per round; None: 2 * length / chunk_len.
+    lsh_n_buckets: LSH buckets per round; None: 2 * length / chunk_len
+      (Trax's), and when decoding (causal, predict) the count of a sequence
+      of `predict_mem_len` (`decode_bucket_count`), fixed for the prefill and
+      every step.
     predict_mem_len: positions kept by a decoding cache (the encoder length
       plus the target length, to keep them all).
     predict_drop_len: positions LSH drops when its cache is full.
@@ -104,17 +109,19 @@ def SelfAttention(d_model, n_heads, attention_type='full',
                    PerExamplePrefill(projections, mode)]  # q k v lengths
 
   if attention_type == 'lsh':
+    if causal and mode == 'predict' and lsh_n_buckets is None:
+      lsh_n_buckets = decode_bucket_count(predict_mem_len, lsh_chunk_len)
+    lsh = LSHCore(n_heads=heads, d_qk=d_head, d_v=d_head, causal=causal,
+                  masked=not causal, chunk_len=lsh_chunk_len,
+                  n_chunks_before=1, n_chunks_after=0 if causal else 1,
+                  n_hashes=lsh_n_hashes, n_buckets=lsh_n_buckets, mode=mode,
+                  predict_mem_len=predict_mem_len,
+                  predict_drop_len=predict_drop_len,
+                  attention_dropout=dropout, eval_seed=lsh_eval_seed)
     core = [
-        tl.Fn('SharedQK', lambda q, k: (q + k) / 2, n_out=1),   # qk v [mask]
-        tl.Select([0, 1], n_in=3) if causal else [],
+        tl.Fn('SharedQK', lambda q, k: (q + k) / 2, n_out=1),   # qk v mask|len
         tl.Parallel(split, split),
-        LSHCore(n_heads=heads, d_qk=d_head, d_v=d_head, causal=causal,
-                masked=not causal, chunk_len=lsh_chunk_len,
-                n_chunks_before=1, n_chunks_after=0 if causal else 1,
-                n_hashes=lsh_n_hashes, n_buckets=lsh_n_buckets, mode=mode,
-                predict_mem_len=predict_mem_len,
-                predict_drop_len=predict_drop_len,
-                attention_dropout=dropout, eval_seed=lsh_eval_seed),
+        DecoderLSHCore(lsh, heads, mode) if causal else lsh,
         tl.MergeHeads(heads),
     ]
   elif attention_type == 'blockwise':

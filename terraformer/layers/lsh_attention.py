@@ -26,7 +26,23 @@ positions, the first decoder position and the junk after it
 for all later steps, and `PerExamplePrefill` takes the state of stateful
 sequence layers (sparse QKV convolution, SRU) at each example's own last real
 position, so decoding matches evaluation for any padding.
+
+LSH decoding differs from Trax's `PureLSHSelfAttention` in predict mode in two
+deliberate ways (`DecoderLSHCore`), both about hashing each decoded token as
+the cached ones:
+  - one bucket count for the whole decoding: with `n_buckets=None` Trax
+    derives the count from the length of the call, so the prefill is hashed
+    into 2 * length / chunk_len buckets but every decoded token into 2 (a
+    call of length 1), and a token's bucket is compared with cached buckets
+    of another hash function. `SelfAttention` fixes the count in predict
+    mode (`decode_bucket_count`).
+  - each example's junk positions of the prefill (after its first decoder
+    position) are never attended: Trax would attend to them when they rank
+    among the keys a step reads.
 """
+import functools
+import math
+
 import jax
 import jax.numpy as jnp
 from trax import fastmath
@@ -37,6 +53,25 @@ from terraformer.layers.ops import REPLAY as _REPLAY
 from terraformer.layers.ops import cache_buckets
 from terraformer.layers.ops import prefix_switch
 from terraformer.layers.ops import softmax_last
+
+# A cached position's bucket in every hashing round after the prefill marks it
+# as junk (`DecoderLSHCore`); real buckets are >= 0.
+JUNK_BUCKET = -1
+
+
+def decode_bucket_count(length, chunk_len):
+  """The bucket count Trax's LSH gives a sequence of `length` when
+  `n_buckets` is None (`PureLSHSelfAttention.hash_vectors`): 2 buckets per
+  chunk, as two factors (rotations) when over 128.
+
+  Used as the fixed count of a decoder's LSH in predict mode, with `length`
+  its cache length (the training length when they are equal).
+  """
+  n = 2 * max(1, length // chunk_len)
+  if n <= 128:
+    return n
+  first = 2 ** math.ceil(math.log2(math.sqrt(n)))
+  return [first, 2 * (n // (2 * first))]
 
 
 class LSHCore(efficient_attention.PureLSHSelfAttention):
@@ -86,6 +121,95 @@ class LSHCore(efficient_attention.PureLSHSelfAttention):
     """State under which `forward` reuses the buckets in `new_state`."""
     del state
     return {_REPLAY: new_state}
+
+  def _incremental_forward_unbatched(self, qk, v, mask=None, *, q_start,
+                                     q_len, state, rng, update_state):
+    """Predict mode, one row: Trax's prefill (q_len > 1); a decoding step
+    that reads no junk position (`JUNK_BUCKET`), otherwise Trax's step."""
+    if q_len > 1:
+      return super()._incremental_forward_unbatched(
+          qk, v, mask, q_start=q_start, q_len=q_len, state=state, rng=rng,
+          update_state=update_state)
+    buckets, buckets_idx, hash_rng = state
+    rounds = self._n_hashes
+    table = jnp.reshape(buckets, (rounds, -1))   # [rounds, memory]
+    size = table.shape[1]
+
+    def roll(table):                             # The cache dropped positions.
+      table = jnp.concatenate(
+          [table, jnp.zeros((rounds, self._predict_drop_len), table.dtype)],
+          axis=1)
+      return fastmath.dynamic_slice_in_dim(table, buckets_idx - q_start, size,
+                                           axis=1)
+    table = jax.lax.cond(buckets_idx > q_start, roll, lambda t: t, table)
+    query = fastmath.dynamic_slice_in_dim(qk, q_start, 1, axis=0)
+    query = jnp.concatenate([query, query], 0)   # Trax hashes and attends 2 rows.
+    query_buckets = jnp.reshape(self.hash_vectors(query, hash_rng),
+                                (rounds, 2))[:, :1]
+    table = fastmath.dynamic_update_slice_in_dim(table, query_buckets, q_start,
+                                                 axis=1)
+    length = qk.shape[0]
+    position = jnp.arange(length, dtype=jnp.int32)
+    real = jnp.all(table != JUNK_BUCKET, axis=0)
+    same_bucket = jnp.any(table == query_buckets, axis=0)
+    # Keys read (as Trax): past positions in the query's bucket, most recent
+    # first, then the other past positions; junk positions last, and masked.
+    priority = jnp.where(position > q_start + 1, -(length + position),
+                         position) + length * same_bucket.astype(jnp.int32)
+    priority = jnp.where(real, priority, -3 * length)
+    _, order = fastmath.sort_key_val(priority, position)
+    keys = order[-rounds * self._chunk_len * (1 + self._n_chunks_before):]
+    # attend() adds 1 to key infos and masks those < 0.
+    key_info = jnp.where(real[keys], keys, -2).astype(jnp.int32)
+    attend_rng, _ = fastmath.random.split(rng)
+    out, _ = efficient_attention.attend(
+        query, efficient_attention.length_normalized(qk[keys]), v[keys],
+        mask_fn=functools.partial(efficient_attention.mask_self_attention,
+                                  causal=True, masked=True, exclude_self=True),
+        q_info=q_start + jnp.arange(1, dtype=jnp.int32), kv_info=key_info,
+        dropout=self._attention_dropout, rng=attend_rng)
+    new_state = (jnp.reshape(table, (-1,)),
+                 jnp.array(q_start + 1, buckets_idx.dtype), hash_rng)
+    return out[:1], new_state
+
+
+class DecoderLSHCore(tl.Layer):
+  """(qk, v, lengths) -> LSHCore(qk, v): causal LSH with decoding prefill.
+
+  `lengths` [batch] as in the module docstring. Train and eval ignore it. In
+  predict mode the first call (the prefill) marks each example's positions
+  after lengths[b] as junk in the core's cached buckets, so no later step
+  attends to them.
+  """
+
+  def __init__(self, core, n_heads, mode='train'):
+    super().__init__(n_in=3, n_out=1, name='DecoderLSHCore')
+    self._sublayers = (core,)
+    self._n_heads = n_heads
+    self._mode = mode
+
+  def forward(self, inputs):
+    qk, v, lengths = inputs
+    core = self.sublayers[0]
+    out, state = core.pure_fn((qk, v), self.weights[0], self.state[0],
+                              self.rng)
+    if self._mode == 'predict' and qk.shape[1] > 1:
+      mem_end, mem, (buckets, buckets_idx, hash_rng) = state
+      rows, size = buckets.shape[0], mem[0].shape[1]
+      position = jnp.arange(size)
+      last_real = jnp.repeat(lengths, self._n_heads)[:, None]
+      junk = (position[None, :] > last_real) & (position[None, :] < qk.shape[1])
+      table = jnp.reshape(buckets, (rows, -1, size))
+      table = jnp.where(junk[:, None, :], JUNK_BUCKET, table)
+      state = (mem_end, mem,
+               (jnp.reshape(table, buckets.shape), buckets_idx, hash_rng))
+    self.state = (state,)
+    return out
+
+  def init_weights_and_state(self, input_signature):
+    weights, state = self.sublayers[0].init(tuple(input_signature[:2]),
+                                            rng=self.rng)
+    self.weights, self.state = (weights,), (state,)
 
 
 class CausalDotProductAttention(tl.Layer):

@@ -96,7 +96,8 @@ def Terraformer(input_vocab_size=32000, output_vocab_size=None, d_model=512,
                 encoder_attention_type='lsh', decoder_attention_type='lsh',
                 attention_sparsity=0, attention_kernel_size=3,
                 loss_sparsity=0, lsh_chunk_len=128, lsh_n_hashes=1,
-                lsh_n_buckets=None, lsh_eval_seed=0, predict_mem_len=2048,
+                lsh_n_buckets=None, lsh_decode_n_buckets=None,
+                lsh_eval_seed=0, predict_mem_len=2048,
                 predict_drop_len=256, use_sru=True, d_sru=32,
                 pos_type='fixed-base', share_embeddings=True,
                 encoder_output_dense=True, encoder_pooling=None,
@@ -128,6 +129,11 @@ def Terraformer(input_vocab_size=32000, output_vocab_size=None, d_model=512,
     lsh_chunk_len: LSH chunk length; must divide Lin and Lin + Lt.
     lsh_n_hashes: LSH hashing rounds.
     lsh_n_buckets: LSH buckets (None: from the length).
+    lsh_decode_n_buckets: LSH buckets of the decoder when decoding, for the
+      prefill and every token (None: lsh_n_buckets, or if None the count of a
+      training sequence of predict_mem_len positions). Set it to the count
+      the decoder had in training (2 * (Lin + Lt) / lsh_chunk_len) when
+      predict_mem_len is not the training length.
     lsh_eval_seed: hashing key of LSH in eval and predict (layer i uses
       lsh_eval_seed + i), so evaluation is deterministic; None: a fresh rng
       every call, as in training.
@@ -181,6 +187,8 @@ def Terraformer(input_vocab_size=32000, output_vocab_size=None, d_model=512,
                 cst_extension=cst_extension)
   enc = _Sublayers(attention_type=encoder_attention_type, causal=False,
                    mode=encoder_mode, max_len=max_len, **common)
+  if mode == 'predict' and lsh_decode_n_buckets is not None:
+    common = dict(common, lsh_n_buckets=lsh_decode_n_buckets)
   dec = _Sublayers(attention_type=decoder_attention_type, causal=True,
                    mode=mode, max_len=predict_mem_len, **common)
   blocks = [_EncoderBlock(enc) for _ in range(n_encoder_layers)]

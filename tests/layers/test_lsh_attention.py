@@ -4,11 +4,13 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from trax import shapes
+from trax.layers.research import efficient_attention
 
 from terraformer.trax_bridge import compat
 from terraformer.errors import TerraformerError
 from terraformer.layers import LSHCore
 from terraformer.layers import SelfAttention
+from terraformer.layers.lsh_attention import decode_bucket_count
 
 compat.apply()  # LSH layers on numpy inputs.
 
@@ -134,6 +136,85 @@ def test_gradients_flow_through_replayed_lsh():
   for a, b in zip(fresh, replayed):
     np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-5)
     assert float(jnp.max(jnp.abs(a))) > 0
+
+
+@pytest.mark.parametrize('length,chunk_len', [(16, 4), (640, 64),
+                                              (17408, 128)])
+def test_decode_bucket_count_is_traxs_count_for_that_length(length,
+                                                             chunk_len):
+  # Trax derives the count from the length (n_buckets=None); the fixed count
+  # must hash a sequence of that length the same way.
+  vecs = jnp.asarray(np.random.RandomState(0).normal(size=(length, 4)),
+                     jnp.float32)
+  rng = jax.random.PRNGKey(3)
+
+  def hashed(n_buckets):
+    layer = efficient_attention.PureLSHSelfAttention(
+        n_heads=1, d_qk=4, d_v=4, causal=True, chunk_len=chunk_len,
+        n_hashes=2, n_buckets=n_buckets)
+    return np.asarray(layer.hash_vectors(vecs, rng))
+
+  np.testing.assert_array_equal(
+      hashed(decode_bucket_count(length, chunk_len)), hashed(None))
+
+
+def _decoder_buckets(layer):
+  """The LSH bucket table [batch * heads, rounds * memory] of a decoder."""
+  tables = [x for x in jax.tree_util.tree_leaves(layer.state)
+            if x.dtype == jnp.int32 and x.ndim == 2]
+  assert len(tables) == 1
+  return np.asarray(tables[0])
+
+
+def test_decoding_hashes_each_token_as_the_prefill_does():
+  # Prefill 8 positions and decode the 9th, or prefill all 9: the same
+  # buckets for every position. With Trax's length-derived count the two
+  # prefills would hash into 4 and 6 buckets and the decoded token into 2.
+  d_model, heads, length = 16, 2, 9
+  x = np.random.RandomState(4).normal(size=(1, length, d_model)).astype(
+      np.float32)
+  lengths = np.full((1,), length, np.int32)   # No encoder padding: no junk.
+
+  def decoder():
+    layer = SelfAttention(d_model, heads, 'lsh', causal=True, mode='predict',
+                          predict_mem_len=16, predict_drop_len=8, **LSH)
+    layer.init((shapes.signature(x[:, :8]), shapes.signature(lengths)),
+               rng=jax.random.PRNGKey(0))
+    return layer
+
+  stepped = decoder()
+  stepped((x[:, :8], lengths))
+  stepped((x[:, 8:], lengths))
+  whole = decoder()
+  whole((x, lengths))
+  np.testing.assert_array_equal(
+      _decoder_buckets(stepped).reshape(heads, 2, 16)[:, :, :length],
+      _decoder_buckets(whole).reshape(heads, 2, 16)[:, :, :length])
+
+
+def test_decoding_step_equals_traxs_step_without_junk():
+  # LSHCore's own decoding step (it masks junk positions) is Trax's step
+  # when there is none: prefill of 6, then 5 steps, same state and rngs.
+  rs = np.random.RandomState(5)
+  rows, d_head, total = 4, 8, 11
+  qk = jnp.asarray(rs.normal(size=(rows, total, d_head)), jnp.float32)
+  v = jnp.asarray(rs.normal(size=qk.shape), jnp.float32)
+  config = dict(n_heads=2, d_qk=d_head, d_v=d_head, causal=True,
+                chunk_len=4, n_hashes=2, n_buckets=4, mode='predict',
+                predict_mem_len=16, predict_drop_len=8)
+  ours = LSHCore(**config)
+  trax_layer = efficient_attention.PureLSHSelfAttention(**config)
+  outputs = []
+  for layer in (ours, trax_layer):
+    layer.init(shapes.signature((qk[:, :6], v[:, :6])),
+               rng=jax.random.PRNGKey(0))
+    state, rng, out = layer.state, jax.random.PRNGKey(1), []
+    for start, stop in [(0, 6)] + [(t, t + 1) for t in range(6, total)]:
+      y, state = layer.pure_fn((qk[:, start:stop], v[:, start:stop]), (),
+                               state, rng)
+      out.append(np.asarray(y))
+    outputs.append(np.concatenate(out, axis=1))
+  np.testing.assert_allclose(outputs[0], outputs[1], atol=1e-6)
 
 
 def test_bad_attention_type():

@@ -127,12 +127,13 @@ def _predict_matches_eval(pad=True, **config):
                              full_logits, atol=2e-4, rtol=2e-4)
 
 
-def test_predict_matches_eval_lsh_decoder():
+@pytest.mark.parametrize('pad', [False, True])
+def test_predict_matches_eval_lsh_decoder(pad):
   # One LSH chunk holds the whole concatenation (6 + 4 positions): LSH
-  # attention over it is exact, so decoding must match evaluation. Without
-  # padding only: the LSH decoding cache does not mask the junk positions
-  # after a padded example's first decoder position (full attention does).
-  _predict_matches_eval(pad=False, encoder_attention_type='full',
+  # attention over it is exact, so decoding must match evaluation; with
+  # padding, only if no step reads the junk positions after a padded
+  # example's first decoder position (DecoderLSHCore).
+  _predict_matches_eval(pad=pad, encoder_attention_type='full',
                         decoder_attention_type='lsh', attention_sparsity=4,
                         lsh_chunk_len=10, predict_mem_len=16,
                         predict_drop_len=4)
