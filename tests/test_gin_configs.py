@@ -30,17 +30,61 @@ FAMILY_800M = ['dense', 'sparse_ff', 'sparse_qkv', 'sparse_ff_qkv',
                'sparse_ff_qkv_loss']
 
 
+# The 800M experiments take 15-50 s each to trace at full depth: they are
+# counted at 1 and 2 encoder and decoder layers and extrapolated (their blocks
+# repeat, so a count is linear in each depth); `test_depth_extrapolation_is_
+# exact` checks that on the 17B Terraformer and a tiny ScalingTransformer.
+DEEP = {'scaling_800m': 'ScalingTransformer',
+        os.path.join('terraformer', 'c4_800m.gin'): 'Terraformer',
+        os.path.join('terraformer', 'arxiv_800m.gin'): 'Terraformer'}
+
+
+def _deep_model(path):
+  rel = os.path.relpath(path, GIN_DIR)
+  return DEEP.get(rel, DEEP.get(os.path.dirname(rel)))
+
+
+def info_json(path, bindings=()):
+  """terraformer-info --json of one gin file (and bindings), parsed."""
+  out = io.StringIO()
+  argv = ['terraformer-info', f'--config_file={path}', '--json']
+  argv += [f'--config={binding}' for binding in bindings]
+  with pytest.MonkeyPatch.context() as mp:
+    mp.setattr(sys, 'stdout', out)
+    assert info.main(argv) == 0, (path, bindings)
+  return json.loads(out.getvalue())
+
+
+def extrapolated_count(path, model):
+  """The count of `path`'s model from its 1- and 2-layer versions.
+
+  count(e, d) = c + e * E + d * D per layer class, for e encoder and d decoder
+  layers: c, E and D from count(1, 1), count(2, 1) and count(1, 2).
+  """
+  config.parse_gin([path], [])
+  n_enc = gin.query_parameter(f'{model}.n_encoder_layers')
+  n_dec = gin.query_parameter(f'{model}.n_decoder_layers')
+  gin.clear_config()
+  at = lambda e, d: info_json(path, [f'{model}.n_encoder_layers = {e}',
+                                     f'{model}.n_decoder_layers = {d}'])
+  one, enc2, dec2 = at(1, 1), at(2, 1), at(1, 2)
+  by_layer = {}
+  for name in {**one['by_layer'], **enc2['by_layer'], **dec2['by_layer']}:
+    c1, ce, cd = (count['by_layer'].get(name, 0) for count in (one, enc2, dec2))
+    n = c1 + (n_enc - 1) * (ce - c1) + (n_dec - 1) * (cd - c1)
+    if n:
+      by_layer[name] = n
+  return {'by_layer': by_layer, 'total': sum(by_layer.values())}
+
+
 @pytest.fixture(scope='module')
 def counts():
   """terraformer-info --json of every gin file, by path (run once)."""
   results = {}
-  with pytest.MonkeyPatch.context() as mp:
-    for path in CONFIGS:
-      out = io.StringIO()
-      mp.setattr(sys, 'stdout', out)
-      assert info.main(['terraformer-info', f'--config_file={path}',
-                        '--json']) == 0, path
-      results[path] = json.loads(out.getvalue())
+  for path in CONFIGS:
+    model = _deep_model(path)
+    results[path] = (extrapolated_count(path, model) if model
+                     else info_json(path))
   gin.clear_config()  # Leave no bindings to the test files that follow.
   return results
 
@@ -50,6 +94,17 @@ def test_info_runs_on_every_gin_file(counts):
   assert len(counts) >= 10
   for path, count in counts.items():
     assert count['total'] == sum(count['by_layer'].values()) > 0, path
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize('name,model', [
+    (os.path.join('terraformer', '17b.gin'), 'Terraformer'),
+    (os.path.join('tiny', 'encdec_sparse.gin'), 'ScalingTransformer')])
+def test_depth_extrapolation_is_exact(counts, name, model):
+  path = os.path.join(GIN_DIR, name)
+  assert _deep_model(path) is None  # Counted at full depth in `counts`.
+  assert extrapolated_count(path, model) == counts[path]
+  gin.clear_config()
 
 
 @pytest.mark.slow
