@@ -6,12 +6,18 @@ from the test files in its subfolders too.
 """
 import terraformer  # noqa: F401  Installs compat fix 0 before tests import Trax.
 
-# The longest files start first, so that with `pytest -n 2 --dist loadfile`
-# (scripts/test.sh) they do not end up alone at the end of the run.
-_LONGEST_FIRST = ('test_main_job.py', 'training/test_resume_sweep.py',
+# The longest files start first, longest first (their CI durations, stop 27-29),
+# so that with `pytest -n 2 --dist loadfile` (scripts/test.sh) they do not end
+# up alone at the end of the run while the other worker idles.
+_LONGEST_FIRST = ('training/test_distributed.py', 'test_main_job.py',
+                  'models/test_terraformer.py', 'decoding/test_search.py',
+                  'cli/test_cli_memory_bench.py', 'cli/test_cli_ood.py',
+                  'test_gin_configs.py', 'training/test_resume_sweep.py',
+                  'kernels/test_kernels.py',
                   'trax_bridge/test_checkpoint_import.py',
-                  'models/test_terraformer.py', 'test_gin_configs.py',
-                  'models/test_long_inputs.py')
+                  'cli/test_cli_decode.py', 'models/test_long_inputs.py',
+                  'training/test_loop.py', 'trax_bridge/test_compat.py',
+                  'training/test_soak.py')
 
 
 def pytest_collection_modifyitems(items):
