@@ -28,6 +28,14 @@ cross-attention lookups (query i -> key -> tag -> value). Pooling between
 blockwise layers (Pyramidion) shortens the sequence, so a later block spans
 both regions again.
 
+With `link='adjacent'` a fact is one piece, `K_j V_j`, in region A, and region
+B is filler only: the one long-range step is from a query to its key (the
+encoder carries the value into the query's position, or a decoder chains
+query -> key -> value itself). With one decoder layer, which can make one
+cross-attention lookup per output token and so cannot chain two, only an
+encoder that sees a query and its key in one attention reaches the value
+(blockwise blocks of `<= input_len // 2` cannot).
+
 `long_range_recall_lm_stream` is the same examples as one causal sequence
 (input then target) for decoder-only LMs, weighted on the answer tokens.
 """
@@ -51,8 +59,11 @@ def model_vocab_size(vocab_size, n_keys, n_tags, n_values):
   return vocab_size + n_symbols(n_keys, n_tags, n_values)
 
 
+LINKS = ('tag', 'adjacent')
+
+
 def _check(input_len, n_facts, n_keys, n_tags, n_values, value_len,
-           batch_size):
+           batch_size, link='tag'):
   for name, value in dict(input_len=input_len, n_facts=n_facts,
                           n_keys=n_keys, n_tags=n_tags, n_values=n_values,
                           value_len=value_len,
@@ -67,9 +78,12 @@ def _check(input_len, n_facts, n_keys, n_tags, n_values, value_len,
     raise TerraformerError(
         f'n_keys={n_keys} and n_tags={n_tags} must be >= n_facts={n_facts} '
         '(distinct within an example)')
+  if link not in LINKS:
+    raise TerraformerError(f'link must be one of {LINKS}, got {link!r}')
   half = input_len // 2
-  need_b = n_facts * (1 + value_len) + n_facts + 2
-  if n_facts * 2 > half or need_b > input_len - half:
+  need_a = n_facts * (2 if link == 'tag' else 1 + value_len)
+  need_b = n_facts * (1 + value_len if link == 'tag' else 0) + n_facts + 2
+  if need_a > half or need_b > input_len - half:
     raise TerraformerError(
         f'input_len={input_len} is too short for {n_facts} facts with values'
         f' of {value_len} tokens')
@@ -79,7 +93,8 @@ class Layout:
   """The symbol ids and lengths of one task configuration."""
 
   def __init__(self, vocab_size, input_len, n_facts, n_keys, n_tags,
-               n_values, value_len):
+               n_values, value_len, link='tag'):
+    self.link = link
     self.input_len = input_len
     self.n_facts = n_facts
     self.value_len = value_len
@@ -119,16 +134,23 @@ def make_example(rng, filler, layout, eos_id):
     query = rng.permutation(k)
   key_pos = np.zeros(k, np.int64)
   value_pos = np.zeros(k, np.int64)
-  for slot, fact in zip(layout._slots(rng, 0, layout.region_b, 2, k),
-                        order_a):
-    ids[slot:slot + 2] = keys[fact], tags[fact]
-    key_pos[fact] = slot
-  for slot, fact in zip(layout._slots(rng, layout.region_b,
-                                      layout.query_start, 1 + vlen, k),
-                        order_b):
-    ids[slot] = tags[fact]
-    ids[slot + 1:slot + 1 + vlen] = values[fact]
-    value_pos[fact] = slot + 1
+  if layout.link == 'adjacent':  # K_j V_j in region A, B is filler.
+    for slot, fact in zip(layout._slots(rng, 0, layout.region_b, 1 + vlen,
+                                        k), order_a):
+      ids[slot] = keys[fact]
+      ids[slot + 1:slot + 1 + vlen] = values[fact]
+      key_pos[fact], value_pos[fact] = slot, slot + 1
+  else:
+    for slot, fact in zip(layout._slots(rng, 0, layout.region_b, 2, k),
+                          order_a):
+      ids[slot:slot + 2] = keys[fact], tags[fact]
+      key_pos[fact] = slot
+    for slot, fact in zip(layout._slots(rng, layout.region_b,
+                                        layout.query_start, 1 + vlen, k),
+                          order_b):
+      ids[slot] = tags[fact]
+      ids[slot + 1:slot + 1 + vlen] = values[fact]
+      value_pos[fact] = slot + 1
   ids[layout.query_start] = layout.query_mark
   ids[layout.query_start + 1:layout.query_start + 1 + k] = keys[query]
   ids[-1] = eos_id
@@ -152,9 +174,10 @@ def _filler(split, vocab_size, vocab_path, papers_dir, input_len):
 
 
 def _examples(split, input_len, n_facts, n_keys, n_tags, n_values, value_len,
-              batch_size, vocab_size, vocab_path, papers_dir, seed):
+              batch_size, vocab_size, vocab_path, papers_dir, seed, link):
   """(layout, generator of lists of batch_size (input, target) pairs)."""
-  _check(input_len, n_facts, n_keys, n_tags, n_values, value_len, batch_size)
+  _check(input_len, n_facts, n_keys, n_tags, n_values, value_len, batch_size,
+         link)
   if split not in SPLITS:
     raise TerraformerError(f'split must be one of {SPLITS}, got {split!r}')
   filler, vocab = _filler(split, vocab_size, vocab_path, papers_dir,
@@ -163,7 +186,7 @@ def _examples(split, input_len, n_facts, n_keys, n_tags, n_values, value_len,
     raise TerraformerError(
         f'vocab has {vocab.vocab_size} pieces, vocab_size={vocab_size}')
   layout = Layout(vocab_size, input_len, n_facts, n_keys, n_tags, n_values,
-                  value_len)
+                  value_len, link)
   rng = np.random.default_rng([seed, SPLITS.index(split)])
 
   def batches():
@@ -178,7 +201,8 @@ def _examples(split, input_len, n_facts, n_keys, n_tags, n_values, value_len,
 def long_range_recall_stream(split='train', input_len=512, n_facts=4,
                              n_keys=64, n_tags=64, n_values=64, value_len=1,
                              batch_size=8, vocab_size=2048, vocab_path=None,
-                             papers_dir=None, seed=0, target_pad_to=None):
+                             papers_dir=None, seed=0, target_pad_to=None,
+                             link='tag'):
   """Returns an endless generator of encoder-decoder recall batches.
 
   Args:
@@ -196,6 +220,9 @@ def long_range_recall_stream(split='train', input_len=512, n_facts=4,
     seed: random seed (deterministic: same seed, same batches).
     target_pad_to: zero-pad targets (weight 0) to this length, e.g. so that
       an LSH chunk divides input_len + target length; None: no padding.
+    link: 'tag' (key and tag in the first half, tag and value in the
+      second) or 'adjacent' (key and value side by side in the first half;
+      see the module docstring).
 
   Returns:
     A generator of `(inputs [B, input_len], targets [B, n_facts * value_len
@@ -204,7 +231,7 @@ def long_range_recall_stream(split='train', input_len=512, n_facts=4,
   """
   layout, examples = _examples(split, input_len, n_facts, n_keys, n_tags,
                                n_values, value_len, batch_size, vocab_size,
-                               vocab_path, papers_dir, seed)
+                               vocab_path, papers_dir, seed, link)
   target_len = layout.target_len
   if target_pad_to is not None:
     if isinstance(target_pad_to, bool) or not isinstance(
@@ -231,7 +258,7 @@ def long_range_recall_lm_stream(split='train', seq_len=512, n_facts=4,
                                 n_keys=64, n_tags=64, n_values=64,
                                 value_len=1, batch_size=8, vocab_size=2048,
                                 vocab_path=None, papers_dir=None, seed=0,
-                                weight_filler=False):
+                                weight_filler=False, link='tag'):
   """The recall examples as causal LM sequences: input, then target.
 
   Each row is one example of input length `seq_len - (n_facts * value_len +
@@ -254,7 +281,7 @@ def long_range_recall_lm_stream(split='train', seq_len=512, n_facts=4,
         f'seq_len must be an integer > {target_len}, got {seq_len!r}')
   _, examples = _examples(split, seq_len - target_len, n_facts, n_keys,
                           n_tags, n_values, value_len, batch_size, vocab_size,
-                          vocab_path, papers_dir, seed)
+                          vocab_path, papers_dir, seed, link)
   weights = np.zeros((batch_size, seq_len), np.float32)
   weights[:, seq_len - target_len:] = 1.0
   if weight_filler:

@@ -80,6 +80,27 @@ def test_answer_is_in_the_input_across_halves(shared_cache_dir, papers_dir):
   assert reordered == 20  # Never queried in the order of appearance.
 
 
+def test_adjacent_facts_sit_in_the_first_half(shared_cache_dir, papers_dir):
+  """link='adjacent': `K_j V_j` side by side in the first half, filler only
+  in the second half, and the queried keys' values as the target."""
+  del shared_cache_dir
+  n, length = 3, 64
+  keys = range(V + 1, V + 1 + SYMBOLS['n_keys'])
+  for inputs, targets, _ in itertools.islice(
+      _stream(papers_dir, n_facts=n, input_len=length, link='adjacent'), 5):
+    for x, y in zip(inputs, targets):
+      query_at = int(np.flatnonzero(x == V)[0])
+      assert query_at == length - n - 2
+      value_of = {int(x[i]): int(x[i + 1]) for i in range(query_at)
+                  if x[i] in keys}
+      assert len(value_of) == n
+      assert all(i < length // 2 for i in range(query_at) if x[i] >= V)
+      assert (x[length // 2:query_at] < V).all()  # Region B: filler.
+      queries = x[query_at + 1:query_at + 1 + n]
+      np.testing.assert_array_equal(y[:-1], [value_of[int(k)] for k in queries])
+      assert (x < V).sum() == length - (2 * n + 1 + n)  # Facts, Q, keys.
+
+
 def test_lm_stream_is_input_then_target(shared_cache_dir, papers_dir):
   del shared_cache_dir
   n, seq_len = 3, 68
@@ -102,6 +123,7 @@ def test_lm_stream_is_input_then_target(shared_cache_dir, papers_dir):
     (dict(input_len=16), 'too short'),
     (dict(split='dev'), 'split'),
     (dict(batch_size=0), 'batch_size'),
+    (dict(link='key'), 'link'),
 ])
 def test_bad_settings_are_one_clear_error(shared_cache_dir, papers_dir,
                                           kwargs, message):
