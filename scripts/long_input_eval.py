@@ -5,7 +5,8 @@
 
 Loads the run's last checkpoint, reads `--batches` batches of the gin eval
 stream (the validation split; the first ones, as `terraformer-train`'s eval)
-and scores the teacher-forced argmax. An example is an exact match when every
+and scores the teacher-forced argmax on the weighted target tokens (an
+encoder-decoder's target, or a causal LM's answer tokens). An example is an exact match when every
 target token (values and EOS) is right; teacher-forced exact match equals
 greedy decoding's, since with every prefix right greedy decoding sees the
 same prefixes. Prints one JSON line.
@@ -46,16 +47,19 @@ def main(argv):
   stream = iter(_reference('terraformer.train.eval_stream')())
   batches = list(itertools.islice(stream, FLAGS.batches))
   x, y, w = batches[0]
+  lm = model_fn(mode='eval').n_in == 1  # A causal LM reads the tokens only.
   signature = (shapes.ShapeDtype(x.shape, x.dtype),
                shapes.ShapeDtype(y.shape, y.dtype))
+  signature = signature[0] if lm else signature
   model, step = evaluation.load_model(model_fn, FLAGS.output_dir, 'eval',
                                       signature)
   forward = jax.jit(model.pure_fn)
   correct = total = exact = n = 0
   for x, y, w in batches:
-    outputs, _ = forward((jnp.asarray(x), jnp.asarray(y)), model.weights,
-                         model.state, model.rng)
-    pred = np.asarray(outputs[0]).argmax(-1)
+    inputs = jnp.asarray(x) if lm else (jnp.asarray(x), jnp.asarray(y))
+    outputs, _ = forward(inputs, model.weights, model.state, model.rng)
+    logits = outputs if lm else outputs[0]
+    pred = np.asarray(logits).argmax(-1)
     right = (pred == y) | (w == 0)
     correct += int(((pred == y) * w).sum())
     total += int(w.sum())

@@ -36,6 +36,11 @@ cross-attention lookup per output token and so cannot chain two, only an
 encoder that sees a query and its key in one attention reaches the value
 (blockwise blocks of `<= input_len // 2` cannot).
 
+With `keyed_answer=True` the target repeats each queried key before its
+value, `K_q1 V_q1 ... K_qk V_qk EOS`, with weight 0 on the keys: the answer
+position holds the key it asks for, so the lookup is one match of that key
+against the input (an induction-head lookup in an LM).
+
 `long_range_recall_lm_stream` is the same examples as one causal sequence
 (input then target) for decoder-only LMs, weighted on the answer tokens.
 """
@@ -93,8 +98,9 @@ class Layout:
   """The symbol ids and lengths of one task configuration."""
 
   def __init__(self, vocab_size, input_len, n_facts, n_keys, n_tags,
-               n_values, value_len, link='tag'):
+               n_values, value_len, link='tag', keyed_answer=False):
     self.link = link
+    self.keyed_answer = keyed_answer
     self.input_len = input_len
     self.n_facts = n_facts
     self.value_len = value_len
@@ -102,7 +108,11 @@ class Layout:
     self.keys = vocab_size + 1 + np.arange(n_keys)
     self.tags = self.keys[-1] + 1 + np.arange(n_tags)
     self.values = self.tags[-1] + 1 + np.arange(n_values)
-    self.target_len = n_facts * value_len + 1
+    self.target_len = target_len(n_facts, value_len, keyed_answer)
+    # Weight 1 on the values and EOS, 0 on the repeated keys.
+    self.target_weights = np.ones(self.target_len, np.float32)
+    if keyed_answer:
+      self.target_weights[:-1:1 + value_len] = 0.0
     self.region_b = input_len // 2               # Region A: [0, region_b).
     self.query_start = input_len - n_facts - 2   # Region B: [region_b, here).
 
@@ -154,8 +164,10 @@ def make_example(rng, filler, layout, eos_id):
   ids[layout.query_start] = layout.query_mark
   ids[layout.query_start + 1:layout.query_start + 1 + k] = keys[query]
   ids[-1] = eos_id
-  target = np.concatenate([values[query].reshape(-1), [eos_id]]).astype(
-      np.int32)
+  answer = values[query]
+  if layout.keyed_answer:
+    answer = np.concatenate([keys[query][:, None], answer], axis=1)
+  target = np.concatenate([answer.reshape(-1), [eos_id]]).astype(np.int32)
   info = dict(key_pos=key_pos, value_pos=value_pos, query_order=query,
               fact_order_a=order_a, keys=keys, tags=tags, values=values)
   return ids, target, info
@@ -173,8 +185,15 @@ def _filler(split, vocab_size, vocab_path, papers_dir, input_len):
   return filler, vocab
 
 
+def target_len(n_facts, value_len, keyed_answer=False):
+  """Target tokens: the k answers (each its value, after its key if keyed)
+  and EOS."""
+  return n_facts * (value_len + int(bool(keyed_answer))) + 1
+
+
 def _examples(split, input_len, n_facts, n_keys, n_tags, n_values, value_len,
-              batch_size, vocab_size, vocab_path, papers_dir, seed, link):
+              batch_size, vocab_size, vocab_path, papers_dir, seed, link,
+              keyed_answer):
   """(layout, generator of lists of batch_size (input, target) pairs)."""
   _check(input_len, n_facts, n_keys, n_tags, n_values, value_len, batch_size,
          link)
@@ -186,7 +205,7 @@ def _examples(split, input_len, n_facts, n_keys, n_tags, n_values, value_len,
     raise TerraformerError(
         f'vocab has {vocab.vocab_size} pieces, vocab_size={vocab_size}')
   layout = Layout(vocab_size, input_len, n_facts, n_keys, n_tags, n_values,
-                  value_len, link)
+                  value_len, link, keyed_answer)
   rng = np.random.default_rng([seed, SPLITS.index(split)])
 
   def batches():
@@ -202,7 +221,7 @@ def long_range_recall_stream(split='train', input_len=512, n_facts=4,
                              n_keys=64, n_tags=64, n_values=64, value_len=1,
                              batch_size=8, vocab_size=2048, vocab_path=None,
                              papers_dir=None, seed=0, target_pad_to=None,
-                             link='tag'):
+                             link='tag', keyed_answer=False):
   """Returns an endless generator of encoder-decoder recall batches.
 
   Args:
@@ -223,6 +242,8 @@ def long_range_recall_stream(split='train', input_len=512, n_facts=4,
     link: 'tag' (key and tag in the first half, tag and value in the
       second) or 'adjacent' (key and value side by side in the first half;
       see the module docstring).
+    keyed_answer: the target repeats each queried key (weight 0) before its
+      value (see the module docstring).
 
   Returns:
     A generator of `(inputs [B, input_len], targets [B, n_facts * value_len
@@ -231,7 +252,8 @@ def long_range_recall_stream(split='train', input_len=512, n_facts=4,
   """
   layout, examples = _examples(split, input_len, n_facts, n_keys, n_tags,
                                n_values, value_len, batch_size, vocab_size,
-                               vocab_path, papers_dir, seed, link)
+                               vocab_path, papers_dir, seed, link,
+                               keyed_answer)
   target_len = layout.target_len
   if target_pad_to is not None:
     if isinstance(target_pad_to, bool) or not isinstance(
@@ -247,7 +269,7 @@ def long_range_recall_stream(split='train', input_len=512, n_facts=4,
       targets = np.zeros((batch_size, target_len), np.int32)
       weights = np.zeros((batch_size, target_len), np.float32)
       targets[:, :layout.target_len] = np.stack([y for _, y in pairs])
-      weights[:, :layout.target_len] = 1.0
+      weights[:, :layout.target_len] = layout.target_weights
       yield inputs, targets, weights
 
   return batches()
@@ -258,12 +280,13 @@ def long_range_recall_lm_stream(split='train', seq_len=512, n_facts=4,
                                 n_keys=64, n_tags=64, n_values=64,
                                 value_len=1, batch_size=8, vocab_size=2048,
                                 vocab_path=None, papers_dir=None, seed=0,
-                                weight_filler=False, link='tag'):
+                                weight_filler=False, link='tag',
+                                keyed_answer=False):
   """The recall examples as causal LM sequences: input, then target.
 
-  Each row is one example of input length `seq_len - (n_facts * value_len +
-  1)` followed by its target, so it is `seq_len` tokens long. The answer
-  tokens are the last `n_facts * value_len + 1`.
+  Each row is one example of input length `seq_len - target_len(n_facts,
+  value_len, keyed_answer)` followed by its target, so it is `seq_len` tokens
+  long; the target's tokens are weighted as in `long_range_recall_stream`.
 
   Args:
     seq_len: tokens per row.
@@ -274,16 +297,17 @@ def long_range_recall_lm_stream(split='train', seq_len=512, n_facts=4,
   Returns:
     A generator of `(tokens, tokens, weights)`, each `(batch_size, seq_len)`.
   """
-  target_len = n_facts * value_len + 1
+  answer_len = target_len(n_facts, value_len, keyed_answer)
   if isinstance(seq_len, bool) or not isinstance(seq_len, int) or (
-      seq_len <= target_len):
+      seq_len <= answer_len):
     raise TerraformerError(
-        f'seq_len must be an integer > {target_len}, got {seq_len!r}')
-  _, examples = _examples(split, seq_len - target_len, n_facts, n_keys,
-                          n_tags, n_values, value_len, batch_size, vocab_size,
-                          vocab_path, papers_dir, seed, link)
+        f'seq_len must be an integer > {answer_len}, got {seq_len!r}')
+  layout, examples = _examples(split, seq_len - answer_len, n_facts, n_keys,
+                               n_tags, n_values, value_len, batch_size,
+                               vocab_size, vocab_path, papers_dir, seed, link,
+                               keyed_answer)
   weights = np.zeros((batch_size, seq_len), np.float32)
-  weights[:, seq_len - target_len:] = 1.0
+  weights[:, seq_len - answer_len:] = layout.target_weights
   if weight_filler:
     weights[:] = 1.0
 

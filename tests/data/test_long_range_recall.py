@@ -101,6 +101,30 @@ def test_adjacent_facts_sit_in_the_first_half(shared_cache_dir, papers_dir):
       assert (x < V).sum() == length - (2 * n + 1 + n)  # Facts, Q, keys.
 
 
+@pytest.mark.parametrize('link', ['tag', 'adjacent'])
+def test_keyed_answer_repeats_each_queried_key_with_weight_0(
+    shared_cache_dir, papers_dir, link):
+  del shared_cache_dir
+  n = 3
+  plain = next(_stream(papers_dir, n_facts=n, seed=2, link=link))
+  keyed = next(_stream(papers_dir, n_facts=n, seed=2, link=link,
+                       keyed_answer=True))
+  np.testing.assert_array_equal(keyed[0], plain[0])  # Same inputs.
+  query_at = int(np.flatnonzero(plain[0][0] == V)[0])
+  queries = plain[0][:, query_at + 1:query_at + 1 + n]
+  np.testing.assert_array_equal(keyed[1][:, 0:-1:2], queries)
+  np.testing.assert_array_equal(keyed[1][:, 1::2], plain[1][:, :-1])  # Values.
+  np.testing.assert_array_equal(keyed[1][:, -1], plain[1][:, -1])  # EOS.
+  np.testing.assert_array_equal(keyed[2][0], [0, 1, 0, 1, 0, 1, 1])
+  tokens, _, weights = next(lrr.long_range_recall_lm_stream(
+      seq_len=71, n_facts=n, batch_size=4, vocab_size=V, papers_dir=papers_dir,
+      seed=2, link=link, keyed_answer=True, **SYMBOLS))
+  np.testing.assert_array_equal(tokens[:, :64], plain[0])
+  np.testing.assert_array_equal(tokens[:, 64:], keyed[1])
+  np.testing.assert_array_equal(weights[:, 64:], keyed[2])
+  np.testing.assert_array_equal(weights[:, :64], 0.0)
+
+
 def test_lm_stream_is_input_then_target(shared_cache_dir, papers_dir):
   del shared_cache_dir
   n, seq_len = 3, 68
