@@ -6,8 +6,8 @@
 Loads the run's last checkpoint, reads `--batches` batches of the gin eval
 stream (the validation split; the first ones, as `terraformer-train`'s eval)
 and scores the teacher-forced argmax on the weighted target tokens (an
-encoder-decoder's target, or a causal LM's answer tokens). An example is an exact match when every
-target token (values and EOS) is right; teacher-forced exact match equals
+encoder-decoder's target, or a causal LM's answer tokens). An example is an
+exact match when every weighted target token (values and EOS) is right; teacher-forced exact match equals
 greedy decoding's, since with every prefix right greedy decoding sees the
 same prefixes. Prints one JSON line.
 """

@@ -7,10 +7,11 @@ from the test files in its subfolders too.
 import terraformer  # noqa: F401  Installs compat fix 0 before tests import Trax.
 
 # The longest files start first, longest first (by their durations in the
-# clean-clone run of stop 30), so that with `pytest -n 2 --dist loadfile --no-loadscope-reorder`
-# (scripts/test.sh) they do not end up alone at the end of the run while the
-# other worker idles.
-_LONGEST_FIRST = ('training/test_resume_sweep.py', 'training/test_distributed.py',
+# clean-clone run of stop 30), so that with `pytest -n 2 --dist loadfile
+# --no-loadscope-reorder` (scripts/test.sh) they do not end up alone at the
+# end of the run while the other worker idles.
+_LONGEST_FIRST = ('training/test_resume_sweep.py',
+                  'training/test_distributed.py',
                   'test_main_job.py', 'cli/test_cli_memory_bench.py',
                   'models/test_terraformer.py', 'decoding/test_search.py',
                   'cli/test_cli_decode.py', 'cli/test_cli_ood.py',

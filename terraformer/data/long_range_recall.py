@@ -254,20 +254,20 @@ def long_range_recall_stream(split='train', input_len=512, n_facts=4,
                                n_values, value_len, batch_size, vocab_size,
                                vocab_path, papers_dir, seed, link,
                                keyed_answer)
-  target_len = layout.target_len
+  padded_len = layout.target_len
   if target_pad_to is not None:
     if isinstance(target_pad_to, bool) or not isinstance(
         target_pad_to, int) or target_pad_to < layout.target_len:
       raise TerraformerError(
           f'target_pad_to must be an integer >= {layout.target_len}, got '
           f'{target_pad_to!r}')
-    target_len = target_pad_to
+    padded_len = target_pad_to
 
   def batches():
     for pairs in examples:
       inputs = np.stack([x for x, _ in pairs])
-      targets = np.zeros((batch_size, target_len), np.int32)
-      weights = np.zeros((batch_size, target_len), np.float32)
+      targets = np.zeros((batch_size, padded_len), np.int32)
+      weights = np.zeros((batch_size, padded_len), np.float32)
       targets[:, :layout.target_len] = np.stack([y for _, y in pairs])
       weights[:, :layout.target_len] = layout.target_weights
       yield inputs, targets, weights
