@@ -2,10 +2,13 @@
 
   terraformer-export --logdir=DIR [--logdir=DIR2 ...] [--label=NAME ...]
       --out=tensorboard_exports/NAME [--metrics=REGEX]
+      [--table=METRIC --table_steps=S1,S2,...]
 
 Each --logdir is a run (e.g. a `terraformer-train --output_dir`); --label
 names it in the outputs (one per --logdir; default: the folder names). Writes
-`scalars.csv`, `scalars.json` and one PNG per metric (all runs on one axis).
+`scalars.csv`, `scalars.json` and one PNG per metric (all runs on one axis);
+with --table, also `table.md`: that metric at --table_steps as a Markdown
+table, one row per run, which it prints too.
 It needs no gin config (and does not import Trax).
 """
 import sys
@@ -29,6 +32,26 @@ def _define_flags(flag_values):
   flags.DEFINE_string('metrics', None, 'Regular expression: export only the '
                       "matching metrics, e.g. '^eval/'.",
                       flag_values=flag_values)
+  flags.DEFINE_string('table', None, 'Metric to print as a Markdown table '
+                      '(one row per run), e.g. eval/metrics/log_perplexity.',
+                      flag_values=flag_values)
+  flags.DEFINE_list('table_steps', None, 'Steps (columns) of --table.',
+                    flag_values=flag_values)
+
+
+def _table(flag_values):
+  """(metric, steps) from --table and --table_steps, or None."""
+  if bool(flag_values.table) != bool(flag_values.table_steps):
+    raise errors.TerraformerError('--table and --table_steps go together')
+  if not flag_values.table:
+    return None
+  try:
+    steps = [int(s) for s in flag_values.table_steps]
+  except ValueError:
+    raise errors.TerraformerError(
+        '--table_steps must be integers, got '
+        f'{",".join(flag_values.table_steps)}') from None
+  return flag_values.table, steps
 
 
 def _export(flag_values):
@@ -37,6 +60,7 @@ def _export(flag_values):
     raise errors.TerraformerError('--logdir is required')
   if not flag_values.out:
     raise errors.TerraformerError('--out is required')
+  table = _table(flag_values)
   out = common.check_output_dir(flag_values.out)
   # Reading event files imports TensorFlow, whose notices go to stderr: hide
   # them (they come back with an unexpected crash, not with a user error).
@@ -45,7 +69,7 @@ def _export(flag_values):
     try:
       result = export.export(flag_values.logdir, out,
                              labels=flag_values.label,
-                             metrics=flag_values.metrics)
+                             metrics=flag_values.metrics, table=table)
     except errors.TerraformerError as e:
       user_error = e
   if user_error:
@@ -53,6 +77,8 @@ def _export(flag_values):
   for run in result['runs']:
     print(f'{run["label"]}: {len(run["metrics"])} metrics from '
           f'{run["logdir"]}')
+  if result['table']:
+    print(result['table'], end='')
   print(f'Wrote {len(result["files"])} files to {out}')
   return 0
 

@@ -133,7 +133,19 @@ def _plot(metric, runs, path):
     plt.close(fig)
 
 
-def export(logdirs, out_dir, labels=None, metrics=None):
+def markdown_table(runs, metric, steps, digits=3):
+  """`metric` at `steps` as a Markdown table, one row per run ('–' where a
+  run has no value at that step): the tables of docs/ and the README."""
+  lines = ['| run | ' + ' | '.join(str(s) for s in steps) + ' |',
+           '| --- |' + ' --- |' * len(steps)]
+  for run in runs:
+    values = {s: v for s, v, _ in run['metrics'].get(metric, ())}
+    cells = [f'{values[s]:.{digits}f}' if s in values else '–' for s in steps]
+    lines.append(f'| {run["label"]} | ' + ' | '.join(cells) + ' |')
+  return '\n'.join(lines) + '\n'
+
+
+def export(logdirs, out_dir, labels=None, metrics=None, table=None):
   """Writes scalars.csv, scalars.json and one PNG per metric to `out_dir`.
 
   Args:
@@ -142,9 +154,12 @@ def export(logdirs, out_dir, labels=None, metrics=None):
     labels: one label per run; default: the logdirs' base names.
     metrics: regular expression; only matching metrics are exported
       (default: all).
+    table: optional (metric, steps): also writes `table.md`, that metric at
+      those steps (`markdown_table`).
 
   Returns:
-    {'runs': [{'label', 'logdir', 'metrics': {...}}], 'files': [paths]}.
+    {'runs': [{'label', 'logdir', 'metrics': {...}}], 'files': [paths],
+     'table': the Markdown table or None}.
   """
   logdirs = list(logdirs)
   if not logdirs:
@@ -172,6 +187,9 @@ def export(logdirs, out_dir, labels=None, metrics=None):
   names = sorted({m for run in runs for m in run['metrics']})
   if not names:
     raise TerraformerError(f'no metric matches {metrics!r}')
+  if table and table[0] not in names:
+    raise TerraformerError(f'table metric {table[0]!r} is not among the '
+                           f'exported metrics {names}')
 
   os.makedirs(out_dir, exist_ok=True)
   files = []
@@ -201,4 +219,11 @@ def export(logdirs, out_dir, labels=None, metrics=None):
     _plot(metric, [(run['label'], run['metrics'][metric]) for run in runs
                    if metric in run['metrics']], path)
     files.append(path)
-  return {'runs': runs, 'files': files}
+  text = None
+  if table:
+    text = markdown_table(runs, *table)
+    path = os.path.join(out_dir, 'table.md')
+    with open(path, 'w') as f:
+      f.write(text)
+    files.append(path)
+  return {'runs': runs, 'files': files, 'table': text}

@@ -69,6 +69,24 @@ def test_metrics_filter(logdirs, tmp_path, capsys):
       'scalars.csv', 'scalars.json', 'train_metrics_loss.png']
 
 
+def test_table(logdirs, tmp_path, capsys):
+  """--table prints the metric at the steps, one row per run, '–' where a
+  run has no value there; table.md holds the same."""
+  code, out, err = _run(capsys, f'--logdir={logdirs[0]}',
+                        f'--logdir={logdirs[1]}', '--label=Dense',
+                        '--label=Sparse FF', f'--out={tmp_path / "o"}',
+                        '--table=eval/metrics/log_perplexity',
+                        '--table_steps=200,1,300')
+  assert code == 0, err
+  table = ('| run | 200 | 1 | 300 |\n'
+           '| --- | --- | --- | --- |\n'
+           '| Dense | 6.250 | 7.500 | – |\n'
+           '| Sparse FF | 6.000 | 7.250 | – |\n')
+  assert out.splitlines()[2:] == table.splitlines() + [
+      f'Wrote 5 files to {tmp_path / "o"}']
+  assert (tmp_path / 'o' / 'table.md').read_text() == table
+
+
 def test_errors_are_one_line(logdirs, tmp_path, capsys):
   empty = tmp_path / 'empty'
   empty.mkdir()
@@ -82,6 +100,17 @@ def test_errors_are_one_line(logdirs, tmp_path, capsys):
        '2 label(s) for 1 logdir(s); give one label per logdir, or none'),
       ([f'--logdir={logdirs[0]}', f'--out={tmp_path / "o"}', 'extra'],
        'unexpected argument(s): extra'),
+      ([f'--logdir={logdirs[0]}', f'--out={tmp_path / "o"}',
+        '--table=eval/metrics/log_perplexity'],
+       '--table and --table_steps go together'),
+      ([f'--logdir={logdirs[0]}', f'--out={tmp_path / "o"}',
+        '--table=eval/metrics/log_perplexity', '--table_steps=1,2k'],
+       '--table_steps must be integers, got 1,2k'),
+      ([f'--logdir={logdirs[0]}', f'--out={tmp_path / "o"}',
+        '--metrics=^train/', '--table=eval/metrics/log_perplexity',
+        '--table_steps=1'],
+       "table metric 'eval/metrics/log_perplexity' is not among the exported "
+       "metrics ['train/metrics/loss']"),
   ]
   for args, message in cases:
     code, out, err = _run(capsys, *args)
