@@ -2,13 +2,14 @@
 
   terraformer-export --logdir=DIR [--logdir=DIR2 ...] [--label=NAME ...]
       --out=tensorboard_exports/NAME [--metrics=REGEX]
-      [--table=METRIC --table_steps=S1,S2,...]
+      [--table=METRIC (--table_steps=S1,S2,... | --table_minutes=M1,...)]
 
 Each --logdir is a run (e.g. a `terraformer-train --output_dir`); --label
 names it in the outputs (one per --logdir; default: the folder names). Writes
 `scalars.csv`, `scalars.json` and one PNG per metric (all runs on one axis);
-with --table, also `table.md`: that metric at --table_steps as a Markdown
-table, one row per run, which it prints too.
+with --table, also `table.md`: that metric at --table_steps (or at
+--table_minutes of wall-clock since each run's first point: equal training
+time) as a Markdown table, one row per run, which it prints too.
 It needs no gin config (and does not import Trax).
 """
 import sys
@@ -37,21 +38,31 @@ def _define_flags(flag_values):
                       flag_values=flag_values)
   flags.DEFINE_list('table_steps', None, 'Steps (columns) of --table.',
                     flag_values=flag_values)
+  flags.DEFINE_list('table_minutes', None, 'Or: minutes of wall-clock since '
+                    "each run's first point (columns) of --table.",
+                    flag_values=flag_values)
 
 
 def _table(flag_values):
-  """(metric, steps) from --table and --table_steps, or None."""
-  if bool(flag_values.table) != bool(flag_values.table_steps):
-    raise errors.TerraformerError('--table and --table_steps go together')
+  """(metric, steps, minutes) from --table and its columns, or None."""
+  columns = [c for c in ('table_steps', 'table_minutes')
+             if flag_values[c].value]
+  if bool(flag_values.table) != (len(columns) == 1):
+    raise errors.TerraformerError(
+        '--table goes with one of --table_steps, --table_minutes')
   if not flag_values.table:
     return None
+  name, = columns
   try:
-    steps = [int(s) for s in flag_values.table_steps]
+    values = [(int if name == 'table_steps' else float)(v)
+              for v in flag_values[name].value]
   except ValueError:
     raise errors.TerraformerError(
-        '--table_steps must be integers, got '
-        f'{",".join(flag_values.table_steps)}') from None
-  return flag_values.table, steps
+        f'--{name} must be numbers, got {",".join(flag_values[name].value)}'
+    ) from None
+  if name == 'table_steps':
+    return flag_values.table, values, None
+  return flag_values.table, None, values
 
 
 def _export(flag_values):

@@ -133,14 +133,32 @@ def _plot(metric, runs, path):
     plt.close(fig)
 
 
-def markdown_table(runs, metric, steps, digits=3):
-  """`metric` at `steps` as a Markdown table, one row per run ('–' where a
-  run has no value at that step): the tables of docs/ and the README."""
-  lines = ['| run | ' + ' | '.join(str(s) for s in steps) + ' |',
-           '| --- |' + ' --- |' * len(steps)]
+def markdown_table(runs, metric, steps=None, minutes=None, digits=3):
+  """`metric` as a Markdown table, one row per run: the tables of docs/.
+
+  Columns are either `steps` (the value at that step, '–' where the run has
+  none) or `minutes` of wall-clock since the run's first point of `metric`
+  (the last value at or before then, with its step: "4.331 (2750)"), for
+  comparisons at equal training time of runs that ran under the same load.
+  """
+  if (steps is None) == (minutes is None):
+    raise TerraformerError('give the table either steps or minutes')
+  columns = steps if minutes is None else minutes
+  head = 'run' if minutes is None else 'run \\ minutes'
+  lines = [f'| {head} | ' + ' | '.join(str(c) for c in columns) + ' |',
+           '| --- |' + ' --- |' * len(columns)]
   for run in runs:
-    values = {s: v for s, v, _ in run['metrics'].get(metric, ())}
-    cells = [f'{values[s]:.{digits}f}' if s in values else '–' for s in steps]
+    points = sorted(run['metrics'].get(metric, ()))
+    cells = []
+    for column in columns:
+      if minutes is None:
+        found = [v for s, v, _ in points if s == column]
+        cells.append(f'{found[-1]:.{digits}f}' if found else '–')
+        continue
+      start = min((t for _, _, t in points), default=0.0)
+      found = [(s, v) for s, v, t in points if t - start <= 60 * column]
+      cells.append(f'{found[-1][1]:.{digits}f} ({found[-1][0]})'
+                   if found else '–')
     lines.append(f'| {run["label"]} | ' + ' | '.join(cells) + ' |')
   return '\n'.join(lines) + '\n'
 
@@ -154,8 +172,8 @@ def export(logdirs, out_dir, labels=None, metrics=None, table=None):
     labels: one label per run; default: the logdirs' base names.
     metrics: regular expression; only matching metrics are exported
       (default: all).
-    table: optional (metric, steps): also writes `table.md`, that metric at
-      those steps (`markdown_table`).
+    table: optional (metric, steps, minutes): also writes `table.md`, that
+      metric at those steps or minutes (`markdown_table`).
 
   Returns:
     {'runs': [{'label', 'logdir', 'metrics': {...}}], 'files': [paths],
@@ -221,7 +239,8 @@ def export(logdirs, out_dir, labels=None, metrics=None, table=None):
     files.append(path)
   text = None
   if table:
-    text = markdown_table(runs, *table)
+    metric, steps, minutes = table
+    text = markdown_table(runs, metric, steps=steps, minutes=minutes)
     path = os.path.join(out_dir, 'table.md')
     with open(path, 'w') as f:
       f.write(text)

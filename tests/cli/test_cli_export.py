@@ -9,6 +9,8 @@ import pytest
 from trax import jaxboard
 
 from terraformer.cli import export as export_cli
+from terraformer.errors import TerraformerError
+from terraformer.evaluation import export
 
 # folder -> tag -> [(step, value)], as Trax's Loop writes them.
 RUNS = {
@@ -87,6 +89,25 @@ def test_table(logdirs, tmp_path, capsys):
   assert (tmp_path / 'o' / 'table.md').read_text() == table
 
 
+def test_table_minutes():
+  """At equal wall-clock: the last value at or before each minute since the
+  run's first point, with its step."""
+  runs = [{'label': 'fast', 'metrics': {'m': [(1, 7.0, 100.0),
+                                              (250, 5.0, 160.0),
+                                              (500, 4.0, 220.0)]}},
+          {'label': 'slow', 'metrics': {'m': [(250, 5.5, 1000.0),
+                                              (1, 7.5, 900.0)]}},
+          {'label': 'other', 'metrics': {'n': [(1, 1.0, 0.0)]}}]
+  assert export.markdown_table(runs, 'm', minutes=[0, 1, 2, 1.5]) == (
+      '| run \\ minutes | 0 | 1 | 2 | 1.5 |\n'
+      '| --- | --- | --- | --- | --- |\n'
+      '| fast | 7.000 (1) | 5.000 (250) | 4.000 (500) | 5.000 (250) |\n'
+      '| slow | 7.500 (1) | 7.500 (1) | 5.500 (250) | 7.500 (1) |\n'
+      '| other | – | – | – | – |\n')
+  with pytest.raises(TerraformerError, match='either steps or minutes'):
+    export.markdown_table(runs, 'm', steps=[1], minutes=[1])
+
+
 def test_errors_are_one_line(logdirs, tmp_path, capsys):
   empty = tmp_path / 'empty'
   empty.mkdir()
@@ -102,10 +123,14 @@ def test_errors_are_one_line(logdirs, tmp_path, capsys):
        'unexpected argument(s): extra'),
       ([f'--logdir={logdirs[0]}', f'--out={tmp_path / "o"}',
         '--table=eval/metrics/log_perplexity'],
-       '--table and --table_steps go together'),
+       '--table goes with one of --table_steps, --table_minutes'),
+      ([f'--logdir={logdirs[0]}', f'--out={tmp_path / "o"}',
+        '--table=eval/metrics/log_perplexity', '--table_steps=1',
+        '--table_minutes=5'],
+       '--table goes with one of --table_steps, --table_minutes'),
       ([f'--logdir={logdirs[0]}', f'--out={tmp_path / "o"}',
         '--table=eval/metrics/log_perplexity', '--table_steps=1,2k'],
-       '--table_steps must be integers, got 1,2k'),
+       '--table_steps must be numbers, got 1,2k'),
       ([f'--logdir={logdirs[0]}', f'--out={tmp_path / "o"}',
         '--metrics=^train/', '--table=eval/metrics/log_perplexity',
         '--table_steps=1'],
