@@ -145,7 +145,8 @@ def markdown_table(runs, metric, steps=None, minutes=None, digits=3):
     raise TerraformerError('give the table either steps or minutes')
   columns = steps if minutes is None else minutes
   head = 'run' if minutes is None else 'run \\ minutes'
-  lines = [f'| {head} | ' + ' | '.join(str(c) for c in columns) + ' |',
+  lines = [f'| {head} | ' + ' | '.join(f'{c:g}' if minutes else str(c)
+                                       for c in columns) + ' |',
            '| --- |' + ' --- |' * len(columns)]
   for run in runs:
     points = sorted(run['metrics'].get(metric, ()))
