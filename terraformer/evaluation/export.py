@@ -138,8 +138,9 @@ def markdown_table(runs, metric, steps=None, minutes=None, digits=3):
 
   Columns are either `steps` (the value at that step, '–' where the run has
   none) or `minutes` of wall-clock since the run's first point of `metric`
-  (the last value at or before then, with its step: "4.331 (2750)"), for
-  comparisons at equal training time of runs that ran under the same load.
+  (the last value at or before then, with its step: "4.331 (2750)"; '–'
+  past the run's last point), for comparisons at equal training time of
+  runs that ran under the same load.
   """
   if (steps is None) == (minutes is None):
     raise TerraformerError('give the table either steps or minutes')
@@ -156,10 +157,12 @@ def markdown_table(runs, metric, steps=None, minutes=None, digits=3):
         found = [v for s, v, _ in points if s == column]
         cells.append(f'{found[-1]:.{digits}f}' if found else '–')
         continue
-      start = min((t for _, _, t in points), default=0.0)
-      found = [(s, v) for s, v, t in points if t - start <= 60 * column]
-      cells.append(f'{found[-1][1]:.{digits}f} ({found[-1][0]})'
-                   if found else '–')
+      times = [t for _, _, t in points]
+      if not times or max(times) - min(times) < 60 * column:
+        cells.append('–')  # no point, or the run is shorter than that.
+        continue
+      found = [(s, v) for s, v, t in points if t - min(times) <= 60 * column]
+      cells.append(f'{found[-1][1]:.{digits}f} ({found[-1][0]})')
     lines.append(f'| {run["label"]} | ' + ' | '.join(cells) + ' |')
   return '\n'.join(lines) + '\n'
 

@@ -91,7 +91,7 @@ def test_table(logdirs, tmp_path, capsys):
 
 def test_table_minutes():
   """At equal wall-clock: the last value at or before each minute since the
-  run's first point, with its step."""
+  run's first point, with its step; '–' past the run's last point."""
   runs = [{'label': 'fast', 'metrics': {'m': [(1, 7.0, 100.0),
                                               (250, 5.0, 160.0),
                                               (500, 4.0, 220.0)]}},
@@ -102,7 +102,7 @@ def test_table_minutes():
       '| run \\ minutes | 0 | 1 | 2 | 1.5 |\n'
       '| --- | --- | --- | --- | --- |\n'
       '| fast | 7.000 (1) | 5.000 (250) | 4.000 (500) | 5.000 (250) |\n'
-      '| slow | 7.500 (1) | 7.500 (1) | 5.500 (250) | 7.500 (1) |\n'
+      '| slow | 7.500 (1) | 7.500 (1) | – | 7.500 (1) |\n'
       '| other | – | – | – | – |\n')
   with pytest.raises(TerraformerError, match='either steps or minutes'):
     export.markdown_table(runs, 'm', steps=[1], minutes=[1])
