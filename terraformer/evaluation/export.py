@@ -133,6 +133,18 @@ def _plot(metric, runs, path):
     plt.close(fig)
 
 
+def _cell_at_minute(points, minute, digits):
+  """The last (step, value) at or before `minute` since the first point;
+  '–' with no point or past the last one."""
+  if not points:
+    return '–'
+  start = min(t for _, _, t in points)
+  if max(t for _, _, t in points) - start < 60 * minute:
+    return '–'
+  step, value = [(s, v) for s, v, t in points if t - start <= 60 * minute][-1]
+  return f'{value:.{digits}f} ({step})'
+
+
 def markdown_table(runs, metric, steps=None, minutes=None, digits=3):
   """`metric` as a Markdown table, one row per run: the tables of docs/.
 
@@ -151,18 +163,12 @@ def markdown_table(runs, metric, steps=None, minutes=None, digits=3):
            '| --- |' + ' --- |' * len(columns)]
   for run in runs:
     points = sorted(run['metrics'].get(metric, ()))
-    cells = []
-    for column in columns:
-      if minutes is None:
-        found = [v for s, v, _ in points if s == column]
-        cells.append(f'{found[-1]:.{digits}f}' if found else '–')
-        continue
-      times = [t for _, _, t in points]
-      if not times or max(times) - min(times) < 60 * column:
-        cells.append('–')  # no point, or the run is shorter than that.
-        continue
-      found = [(s, v) for s, v, t in points if t - min(times) <= 60 * column]
-      cells.append(f'{found[-1][1]:.{digits}f} ({found[-1][0]})')
+    if minutes is None:
+      values = {s: v for s, v, _ in points}
+      cells = [f'{values[c]:.{digits}f}' if c in values else '–'
+               for c in columns]
+    else:
+      cells = [_cell_at_minute(points, c, digits) for c in columns]
     lines.append(f'| {run["label"]} | ' + ' | '.join(cells) + ' |')
   return '\n'.join(lines) + '\n'
 
