@@ -1,7 +1,8 @@
 """terraformer-export: TensorBoard scalars of runs -> CSV, JSON and PNG plots.
 
   terraformer-export --logdir=DIR [--logdir=DIR2 ...] [--label=NAME ...]
-      --out=tensorboard_exports/NAME [--metrics=REGEX]
+      [--from_export=EARLIER_OUT ...] --out=tensorboard_exports/NAME
+      [--metrics=REGEX]
       [--table=METRIC (--table_steps=S1,S2,... | --table_minutes=M1,...)]
 
 Each --logdir is a run (e.g. a `terraformer-train --output_dir`); --label
@@ -10,6 +11,9 @@ names it in the outputs (one per --logdir; default: the folder names). Writes
 with --table, also `table.md`: that metric at --table_steps (or at
 --table_minutes of wall-clock since each run's first point: equal training
 time) as a Markdown table, one row per run, which it prints too.
+--from_export reads the runs of an earlier export (its scalars.json) back,
+so a committed export can be extended with new runs after the old run
+folders are gone; a --logdir whose label is an earlier run's replaces it.
 It needs no gin config (and does not import Trax).
 """
 import sys
@@ -28,6 +32,9 @@ def _define_flags(flag_values):
                             'several runs.', flag_values=flag_values)
   flags.DEFINE_multi_string('label', None, 'Label of each run, in --logdir '
                             'order.', flag_values=flag_values)
+  flags.DEFINE_multi_string('from_export', None, 'Folder of an earlier '
+                            'export: its runs (scalars.json) come first; '
+                            'repeatable.', flag_values=flag_values)
   flags.DEFINE_string('out', None, 'Output directory.',
                       flag_values=flag_values)
   flags.DEFINE_string('metrics', None, 'Regular expression: export only the '
@@ -67,8 +74,8 @@ def _table(flag_values):
 
 def _export(flag_values):
   from terraformer.evaluation import export  # pylint: disable=g-import-not-at-top
-  if not flag_values.logdir:
-    raise errors.TerraformerError('--logdir is required')
+  if not flag_values.logdir and not flag_values.from_export:
+    raise errors.TerraformerError('--logdir or --from_export is required')
   if not flag_values.out:
     raise errors.TerraformerError('--out is required')
   table = _table(flag_values)
@@ -78,9 +85,10 @@ def _export(flag_values):
   user_error = None
   with runtime.quiet():
     try:
-      result = export.export(flag_values.logdir, out,
+      result = export.export(flag_values.logdir or [], out,
                              labels=flag_values.label,
-                             metrics=flag_values.metrics, table=table)
+                             metrics=flag_values.metrics, table=table,
+                             earlier=flag_values.from_export or ())
     except errors.TerraformerError as e:
       user_error = e
   if user_error:

@@ -36,6 +36,13 @@ cross-attention lookup per output token and so cannot chain two, only an
 encoder that sees a query and its key in one attention reaches the value
 (blockwise blocks of `<= input_len // 2` cannot).
 
+With `link='fused'` a fact is one token of its own, the id of its (key, value)
+pair (`n_keys * n_values` more ids), in region A: the query (or, with
+`keyed_answer`, the answer position) finds it by one content match, with no
+previous-token step to learn first (the step that the two-token facts above
+need and that no model learned on the CPU, docs/long-input-quality.md). The
+range argument is that of 'adjacent'.
+
 With `keyed_answer=True` the target repeats each queried key before its
 value, `K_q1 V_q1 ... K_qk V_qk EOS`, with weight 0 on the keys: the answer
 position holds the key it asks for, so the lookup is one match of that key
@@ -54,17 +61,19 @@ from terraformer.errors import TerraformerError
 SPLITS = ('train', 'validation', 'test')
 
 
-def n_symbols(n_keys, n_tags, n_values):
-  """How many ids the task adds above the SentencePiece vocabulary."""
-  return 1 + n_keys + n_tags + n_values
+def n_symbols(n_keys, n_tags, n_values, link='tag'):
+  """How many ids the task adds above the SentencePiece vocabulary: the query
+  mark, keys, tags, values and, with `link='fused'`, one id per (key, value)."""
+  fused = n_keys * n_values if link == 'fused' else 0
+  return 1 + n_keys + n_tags + n_values + fused
 
 
-def model_vocab_size(vocab_size, n_keys, n_tags, n_values):
+def model_vocab_size(vocab_size, n_keys, n_tags, n_values, link='tag'):
   """The (input and output) vocabulary size a model needs for the task."""
-  return vocab_size + n_symbols(n_keys, n_tags, n_values)
+  return vocab_size + n_symbols(n_keys, n_tags, n_values, link)
 
 
-LINKS = ('tag', 'adjacent')
+LINKS = ('tag', 'adjacent', 'fused')
 
 
 def _check(input_len, n_facts, n_keys, n_tags, n_values, value_len,
@@ -86,7 +95,11 @@ def _check(input_len, n_facts, n_keys, n_tags, n_values, value_len,
   if link not in LINKS:
     raise TerraformerError(f'link must be one of {LINKS}, got {link!r}')
   half = input_len // 2
-  need_a = n_facts * (2 if link == 'tag' else 1 + value_len)
+  if link == 'fused' and value_len != 1:
+    raise TerraformerError(
+        f"link='fused' writes a fact as one token: value_len must be 1, got"
+        f' {value_len}')
+  need_a = n_facts * {'tag': 2, 'adjacent': 1 + value_len, 'fused': 1}[link]
   need_b = n_facts * (1 + value_len if link == 'tag' else 0) + n_facts + 2
   if need_a > half or need_b > input_len - half:
     raise TerraformerError(
@@ -108,6 +121,9 @@ class Layout:
     self.keys = vocab_size + 1 + np.arange(n_keys)
     self.tags = self.keys[-1] + 1 + np.arange(n_tags)
     self.values = self.tags[-1] + 1 + np.arange(n_values)
+    # link='fused': fact (key i, value j) is the one id fused[i, j].
+    self.fused = (self.values[-1] + 1 + np.arange(n_keys * n_values)).reshape(
+        n_keys, n_values)
     self.target_len = target_len(n_facts, value_len, keyed_answer)
     # Weight 1 on the values and EOS, 0 on the repeated keys.
     self.target_weights = np.ones(self.target_len, np.float32)
@@ -144,7 +160,14 @@ def make_example(rng, filler, layout, eos_id):
     query = rng.permutation(k)
   key_pos = np.zeros(k, np.int64)
   value_pos = np.zeros(k, np.int64)
-  if layout.link == 'adjacent':  # K_j V_j in region A, B is filler.
+  if layout.link == 'fused':  # One token per fact in region A.
+    key_index = keys - layout.keys[0]
+    value_index = values[:, 0] - layout.values[0]
+    for slot, fact in zip(layout._slots(rng, 0, layout.region_b, 1, k),
+                          order_a):
+      ids[slot] = layout.fused[key_index[fact], value_index[fact]]
+      key_pos[fact] = value_pos[fact] = slot
+  elif layout.link == 'adjacent':  # K_j V_j in region A, B is filler.
     for slot, fact in zip(layout._slots(rng, 0, layout.region_b, 1 + vlen,
                                         k), order_a):
       ids[slot] = keys[fact]
@@ -234,14 +257,15 @@ def long_range_recall_stream(split='train', input_len=512, n_facts=4,
     batch_size: examples per batch.
     vocab_size: SentencePiece pieces of the filler; the task's symbols take
       ids from `vocab_size` on, so the model needs
-      `model_vocab_size(vocab_size, n_keys, n_tags, n_values)` ids.
+      `model_vocab_size(vocab_size, n_keys, n_tags, n_values, link)` ids.
     vocab_path, papers_dir: as `lm_stream`.
     seed: random seed (deterministic: same seed, same batches).
     target_pad_to: zero-pad targets (weight 0) to this length, e.g. so that
       an LSH chunk divides input_len + target length; None: no padding.
     link: 'tag' (key and tag in the first half, tag and value in the
-      second) or 'adjacent' (key and value side by side in the first half;
-      see the module docstring).
+      second), 'adjacent' (key and value side by side in the first half) or
+      'fused' (each fact one token in the first half; see the module
+      docstring).
     keyed_answer: the target repeats each queried key (weight 0) before its
       value (see the module docstring).
 

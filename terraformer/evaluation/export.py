@@ -93,6 +93,33 @@ def read_scalars(logdir):
   return dict(sorted(metrics.items()))
 
 
+def read_export(out_dir):
+  """The runs of an earlier export: [{'label', 'logdir', 'metrics'}] from
+  `out_dir/scalars.json`, metrics as in `read_scalars`.
+
+  So a committed export can be extended after its run folders are gone.
+  Raises TerraformerError if the file is missing or not an export's.
+  """
+  path = os.path.join(os.path.expanduser(out_dir), 'scalars.json')
+  try:
+    with open(path) as f:
+      data = json.load(f)
+    runs = [{'label': run['label'], 'logdir': run['logdir'],
+             'metrics': {m: [(p['step'], p['value'], p['wall_time'])
+                             for p in points]
+                         for m, points in run['metrics'].items()}}
+            for run in data['runs']]
+  except FileNotFoundError:
+    raise TerraformerError(f'no earlier export at {out_dir!r} (no '
+                           f'{path})') from None
+  except (ValueError, KeyError, TypeError) as e:
+    raise TerraformerError(f'{path} is not a terraformer-export '
+                           f'scalars.json: {e!r}') from None
+  if not runs:
+    raise TerraformerError(f'{path} holds no runs')
+  return runs
+
+
 def default_labels(logdirs):
   """Run labels: each logdir's base name, made unique with its parents."""
   paths = [os.path.normpath(os.path.abspath(os.path.expanduser(d)))
@@ -173,11 +200,15 @@ def markdown_table(runs, metric, steps=None, minutes=None, digits=3):
   return '\n'.join(lines) + '\n'
 
 
-def export(logdirs, out_dir, labels=None, metrics=None, table=None):
+def export(logdirs, out_dir, labels=None, metrics=None, table=None,
+           earlier=()):
   """Writes scalars.csv, scalars.json and one PNG per metric to `out_dir`.
 
   Args:
     logdirs: run directories (e.g. `terraformer-train --output_dir`s).
+    earlier: folders of earlier exports whose runs (`read_export`) come
+      first, in order; a logdir run with the label of an earlier run
+      replaces it in its place (the same run read again, further on).
     out_dir: output folder (created).
     labels: one label per run; default: the logdirs' base names.
     metrics: regular expression; only matching metrics are exported
@@ -190,7 +221,8 @@ def export(logdirs, out_dir, labels=None, metrics=None, table=None):
      'table': the Markdown table or None}.
   """
   logdirs = list(logdirs)
-  if not logdirs:
+  earlier_runs = [run for folder in earlier for run in read_export(folder)]
+  if not logdirs and not earlier_runs:
     raise TerraformerError('no logdir given')
   if labels:
     labels = list(labels)
@@ -201,17 +233,26 @@ def export(logdirs, out_dir, labels=None, metrics=None, table=None):
     if len(set(labels)) != len(labels):
       raise TerraformerError(f'labels must be unique, got {labels}')
   else:
-    labels = default_labels(logdirs)
+    labels = default_labels(logdirs) if logdirs else []
   try:
     pattern = re.compile(metrics) if metrics else None
   except re.error as e:
     raise TerraformerError(f'bad metrics pattern {metrics!r}: {e}') from None
-  runs = []
+  earlier_labels = [run['label'] for run in earlier_runs]
+  if len(set(earlier_labels)) != len(earlier_labels):
+    raise TerraformerError(
+        f'the earlier exports repeat a run label: {earlier_labels}')
+  runs = list(earlier_runs)
   for label, logdir in zip(labels, logdirs):
-    scalars = read_scalars(logdir)
-    if pattern:
-      scalars = {m: v for m, v in scalars.items() if pattern.search(m)}
-    runs.append({'label': label, 'logdir': logdir, 'metrics': scalars})
+    run = {'label': label, 'logdir': logdir, 'metrics': read_scalars(logdir)}
+    if label in earlier_labels:  # In its place.
+      runs[earlier_labels.index(label)] = run
+    else:
+      runs.append(run)
+  if pattern:
+    for run in runs:
+      run['metrics'] = {m: v for m, v in run['metrics'].items()
+                        if pattern.search(m)}
   names = sorted({m for run in runs for m in run['metrics']})
   if not names:
     raise TerraformerError(f'no metric matches {metrics!r}')

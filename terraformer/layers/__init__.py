@@ -18,3 +18,4 @@ from terraformer.layers.successive_halving_topk import SuccessiveHalvingTopK
 from terraformer.layers.blockwise_attention import BlockwiseAttentionCore
 from terraformer.layers.blockwise_attention import BlockwiseSelfAttention
 from terraformer.layers.composite_slice_attention import CompositeSliceAttention
+from terraformer.layers.local_conv import LocalConv

@@ -38,8 +38,9 @@ pos_type other than None, dropout_shared_axes, ff_activation other than Relu,
 MultiplicativeConvCausalAttention's share_qk / output_layer_type /
 v_concat_type other than their defaults, and tuple enc_dec_attention_sparsity.
 Our alternatives with no Trax counterpart: sparse_encoder_attention=
-'bidirectional' (a padding-masked, bidirectional sparse encoder) and
-attention_module_kernel_size other than 3.
+'bidirectional' (a padding-masked, bidirectional sparse encoder),
+attention_module_kernel_size other than 3, and local_conv_len > 0 (a
+causal convolution sublayer before each self-attention, `LocalConv`).
 """
 import gin
 from trax import layers as tl
@@ -50,6 +51,7 @@ from terraformer.layers import SparseQKV
 from terraformer.layers import SparseQKVAttention
 from terraformer.layers.blockwise_attention import BlockwiseSelfAttention
 from terraformer.layers.composite_slice_attention import check_dense_qkv
+from terraformer.layers.local_conv import LocalConv
 from terraformer.layers.composite_slice_attention import CompositeSliceAttention
 from terraformer.layers.prefix_attention import PrefixCausalAttention
 from terraformer.layers.successive_halving_topk import RepresentationPooling
@@ -70,7 +72,7 @@ def ScalingTransformerLM(vocab_size=32000, d_model=512, d_ff=2048, n_layers=6,
                          attention_sparsity=0, attention_kernel_size=3,
                          attention_module_kernel_size=3, loss_sparsity=0,
                          attention_type='full', cst_slice_len=32,
-                         cst_extension=3, mode='train'):
+                         cst_extension=3, local_conv_len=0, mode='train'):
   """Decoder-only Scaling Transformer: tokens [batch, len] -> logits.
 
   Trax's `ConfigurableTransformerLM`: ShiftRight, embedding, dropout,
@@ -81,6 +83,9 @@ def ScalingTransformerLM(vocab_size=32000, d_model=512, d_ff=2048, n_layers=6,
   `attention_type`: 'full' or 'cst' (causal composite slice attention of
   the Composite Slice Transformer, slices of `cst_slice_len`, extension
   α = `cst_extension`; its Q/K/V are dense, so not with attention_sparsity).
+  `local_conv_len`: 0 (the paper's model) or F > 0: a `LocalConv` over F
+  positions as its own residual sublayer before each attention (not in the
+  papers; see terraformer/layers/local_conv.py).
   """
   _check_choice('attention_type', attention_type, LM_ATTENTION_TYPES)
   sublayers = _Sublayers(d_model, d_ff, n_heads, dropout, max_len, ff_sparsity,
@@ -88,7 +93,8 @@ def ScalingTransformerLM(vocab_size=32000, d_model=512, d_ff=2048, n_layers=6,
                          attention_sparsity, attention_kernel_size,
                          attention_module_kernel_size, mode,
                          attention_type=attention_type,
-                         cst=(cst_slice_len, cst_extension))
+                         cst=(cst_slice_len, cst_extension),
+                         local_conv_len=local_conv_len)
   return tl.Serial(
       tl.ShiftRight(mode=mode),
       _Embedder(vocab_size, d_model, dropout, max_len, mode),
@@ -112,7 +118,7 @@ def ScalingTransformer(input_vocab_size=32000, output_vocab_size=None,
                        encoder_attention_type='full', block_len=512,
                        cst_slice_len=32, cst_extension=3,
                        encoder_pooling=None, pooling_peaked=True,
-                       pooling_sort=True, mode='train'):
+                       pooling_sort=True, local_conv_len=0, mode='train'):
   """Encoder-decoder Scaling Transformer (the paper's T5-like 800M model).
 
   (input tokens, target tokens) -> (logits, target tokens). In predict mode
@@ -178,10 +184,12 @@ def ScalingTransformer(input_vocab_size=32000, output_vocab_size=None,
                                  encoder_mode,
                                  attention_type=encoder_attention_type,
                                  cst=(cst_slice_len, cst_extension),
-                                 block_len=block_len)
+                                 block_len=block_len,
+                                 local_conv_len=local_conv_len)
   decoder_sublayers = _Sublayers(d_model, d_ff, n_heads, dropout, max_len,
                                  *ff, attention_sparsity, *attention, mode,
-                                 cross_attention_sparsity)
+                                 cross_attention_sparsity,
+                                 local_conv_len=local_conv_len)
   encoder_attention = (encoder_sublayers.causal_attention
                        if encoder_attention_sparsity
                        and sparse_encoder_attention == 'causal'
@@ -219,7 +227,7 @@ class _Sublayers:
                d_lowrank, ff_temperature, ff_quant_prob, attention_sparsity,
                attention_kernel_size, attention_module_kernel_size, mode,
                cross_attention_sparsity=0, attention_type='full',
-               cst=(32, 3), block_len=512):
+               cst=(32, 3), block_len=512, local_conv_len=0):
     self.d_model, self.d_ff, self.n_heads = d_model, d_ff, n_heads
     self.dropout, self.max_len, self.mode = dropout, max_len, mode
     self.ff_sparsity, self.d_lowrank = ff_sparsity, d_lowrank
@@ -229,6 +237,11 @@ class _Sublayers:
     self.module_kernel_size = attention_module_kernel_size
     self.cross_attention_sparsity = cross_attention_sparsity
     self.attention_type, self.cst, self.block_len = attention_type, cst, block_len
+    if isinstance(local_conv_len, bool) or not isinstance(
+        local_conv_len, int) or local_conv_len < 0:
+      raise TerraformerError(f'local_conv_len must be an integer >= 0, got '
+                             f'{local_conv_len!r}')
+    self.local_conv_len = local_conv_len
     if attention_type == 'cst':
       check_dense_qkv(attention_sparsity)
 
@@ -236,6 +249,14 @@ class _Sublayers:
     return CompositeSliceAttention(
         self.d_model, self.n_heads, *self.cst, causal=causal,
         max_len=self.max_len, dropout=self.dropout, mode=self.mode)
+
+  def local_conv(self):
+    """[] or a residual LocalConv sublayer (x -> x; a mask passes under)."""
+    if not self.local_conv_len:
+      return []
+    return tl.Residual(tl.LayerNorm(),
+                       LocalConv(self.d_model, self.local_conv_len,
+                                 self.mode), self.dropout_layer())
 
   def dropout_layer(self):
     return tl.Dropout(rate=self.dropout, mode=self.mode)
@@ -355,6 +376,7 @@ def _Embedder(vocab_size, d_model, dropout, max_len, mode, embedding=None):
 
 def _DecoderOnlyBlock(s):
   return [
+      s.local_conv(),
       tl.Residual(tl.LayerNorm(), s.causal_attention(), s.dropout_layer()),
       tl.Residual(tl.LayerNorm(), s.feed_forward(), s.dropout_layer()),
   ]
@@ -364,6 +386,7 @@ def _EncoderBlock(s, attention):                 # vec_e mask_e
   """`attention`: s.causal_attention (x -> y; the mask passes under it) or
   s.bidirectional_attention ((x, mask) -> (y, mask))."""
   return [
+      s.local_conv(),
       tl.Residual(tl.LayerNorm(), attention(), s.dropout_layer()),
       tl.Residual(tl.LayerNorm(), s.feed_forward(), s.dropout_layer()),
   ]
@@ -371,6 +394,7 @@ def _EncoderBlock(s, attention):                 # vec_e mask_e
 
 def _EncoderDecoderBlock(s):                     # vec_d mask_ed vec_e
   return [
+      s.local_conv(),
       tl.Residual(tl.LayerNorm(), s.causal_attention(), s.dropout_layer()),
       tl.Residual(tl.LayerNorm(),
                   tl.Select([0, 2, 1, 2]),       # vec_d vec_e mask_ed vec_e

@@ -108,11 +108,55 @@ def test_table_minutes():
     export.markdown_table(runs, 'm', steps=[1], minutes=[1])
 
 
+def test_from_export_extends_an_earlier_export(logdirs, tmp_path, capsys):
+  """An export's runs come back from its scalars.json (the run folders may be
+  gone): a new logdir run is added after them, and one with an earlier
+  label replaces that run in its place; the table covers them all."""
+  earlier = tmp_path / 'earlier'
+  code, _, err = _run(capsys, f'--logdir={logdirs[0]}',
+                      f'--logdir={logdirs[1]}', '--label=Dense',
+                      '--label=Sparse FF', f'--out={earlier}')
+  assert code == 0, err
+  with open(earlier / 'scalars.csv') as f:
+    dense_rows = [r for r in csv.DictReader(f) if r['run'] == 'Dense']
+  code, out, err = _run(
+      capsys, f'--from_export={earlier}', f'--logdir={logdirs[1]}',
+      f'--logdir={logdirs[0]}', '--label=Sparse FF', '--label=Dense again',
+      f'--out={tmp_path / "o"}', '--table=eval/metrics/log_perplexity',
+      '--table_steps=1,200')
+  assert code == 0, err
+  assert out.splitlines()[:3] == [
+      f'Dense: 2 metrics from {logdirs[0]}',
+      f'Sparse FF: 1 metrics from {logdirs[1]}',
+      f'Dense again: 2 metrics from {logdirs[0]}']
+  assert (tmp_path / 'o' / 'table.md').read_text() == (
+      '| run | 1 | 200 |\n| --- | --- | --- |\n'
+      '| Dense | 7.500 | 6.250 |\n| Sparse FF | 7.250 | 6.000 |\n'
+      '| Dense again | 7.500 | 6.250 |\n')
+  with open(tmp_path / 'o' / 'scalars.csv') as f:
+    rows = list(csv.DictReader(f))
+  assert [r for r in rows if r['run'] == 'Dense'] == dense_rows  # Exact.
+  assert len([r for r in rows if r['run'] == 'Sparse FF']) == 2  # Not 4.
+  # Labels repeated across earlier exports are ambiguous; a file that is not
+  # an export's is one clear error.
+  code, _, err = _run(capsys, f'--from_export={earlier}',
+                      f'--from_export={earlier}', f'--out={tmp_path / "p"}')
+  assert code == 2 and 'the earlier exports repeat a run label' in err
+  (tmp_path / 'bad').mkdir()
+  (tmp_path / 'bad' / 'scalars.json').write_text('{"rows": []}')
+  code, _, err = _run(capsys, f'--from_export={tmp_path / "bad"}',
+                      f'--out={tmp_path / "p"}')
+  assert code == 2 and 'is not a terraformer-export scalars.json' in err
+  assert not (tmp_path / 'p').exists()
+
+
 def test_errors_are_one_line(logdirs, tmp_path, capsys):
   empty = tmp_path / 'empty'
   empty.mkdir()
   cases = [
-      ([f'--out={tmp_path / "o"}'], '--logdir is required'),
+      ([f'--out={tmp_path / "o"}'], '--logdir or --from_export is required'),
+      ([f'--from_export={empty}', f'--out={tmp_path / "o"}'],
+       f"no earlier export at '{empty}' (no {empty}/scalars.json)"),
       ([f'--logdir={logdirs[0]}'], '--out is required'),
       ([f'--logdir={empty}', f'--out={tmp_path / "o"}'],
        f"no TensorBoard event files (*tfevents*) under '{empty}'"),

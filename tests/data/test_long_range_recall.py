@@ -101,7 +101,36 @@ def test_adjacent_facts_sit_in_the_first_half(shared_cache_dir, papers_dir):
       assert (x < V).sum() == length - (2 * n + 1 + n)  # Facts, Q, keys.
 
 
-@pytest.mark.parametrize('link', ['tag', 'adjacent'])
+def test_fused_facts_are_one_token_each_in_the_first_half(shared_cache_dir,
+                                                         papers_dir):
+  """link='fused': fact (key i, value j) is the one id V + 1 + 3*8 + 8*i + j
+  (after the query mark, keys, tags and values) in the first half; the target
+  is the queried keys' values."""
+  del shared_cache_dir
+  n, length = 3, 64
+  fused_base = V + 1 + 3 * 8
+  seen = set()
+  for inputs, targets, _ in itertools.islice(
+      _stream(papers_dir, n_facts=n, input_len=length, link='fused'), 5):
+    for x, y in zip(inputs, targets):
+      query_at = int(np.flatnonzero(x == V)[0])
+      assert query_at == length - n - 2
+      facts = [int(t) - fused_base for t in x[:query_at] if t >= V]
+      assert len(facts) == n and min(facts) >= 0
+      assert all(i < length // 2 for i in range(query_at) if x[i] >= V)
+      value_of = {V + 1 + f // 8: V + 1 + 2 * 8 + f % 8 for f in facts}
+      queries = x[query_at + 1:query_at + 1 + n]
+      assert sorted(queries) == sorted(value_of)  # Every fact is queried.
+      np.testing.assert_array_equal(y[:-1], [value_of[int(k)] for k in queries])
+      assert (x < V).sum() == length - (n + 1 + n)  # Facts, Q, keys.
+      seen.update(facts)
+  assert len(seen) > 20  # Many (key, value) ids, not a few.
+  assert lrr.model_vocab_size(V, 8, 8, 8, 'fused') == fused_base + 64
+  with pytest.raises(TerraformerError, match='value_len'):
+    _stream(papers_dir, link='fused', value_len=2)
+
+
+@pytest.mark.parametrize('link', ['tag', 'adjacent', 'fused'])
 def test_keyed_answer_repeats_each_queried_key_with_weight_0(
     shared_cache_dir, papers_dir, link):
   del shared_cache_dir

@@ -16,6 +16,7 @@ VARIANTS = {
     'sparse_ff_qkv': dict(ff_sparsity=8, attention_sparsity=4),
     'sparse_ff_qkv_loss': dict(ff_sparsity=8, attention_sparsity=4,
                                loss_sparsity=4),
+    'local_conv': dict(local_conv_len=3),
 }
 VOCAB = 64
 
@@ -54,7 +55,8 @@ def test_lm_predict_matches_eval_forward(variant):
                              full_logits, atol=2e-4, rtol=2e-4)
 
 
-@pytest.mark.parametrize('variant', ['dense', 'sparse_ff_qkv_loss'])
+@pytest.mark.parametrize('variant', ['dense', 'sparse_ff_qkv_loss',
+                                     'local_conv'])
 def test_encoder_decoder_predict_matches_eval_forward(variant):
   inputs, targets = _tokens((2, 7), seed=1), _tokens((2, 6), seed=2)
   inputs[0, 5:] = 0  # padding in the encoder input must be masked
@@ -74,10 +76,11 @@ def test_encoder_decoder_predict_matches_eval_forward(variant):
                              np.asarray(full_logits), atol=2e-4, rtol=2e-4)
 
 
-def test_encoder_padding_is_masked():
+@pytest.mark.parametrize('variant', ['dense', 'local_conv'])
+def test_encoder_padding_is_masked(variant):
   inputs, targets = _tokens((1, 5), seed=3), _tokens((1, 4), seed=4)
   padded = np.pad(inputs, ((0, 0), (0, 3)))
-  model = _encdec('dense', 'eval')
+  model = _encdec(variant, 'eval')
   model.init(shapes.signature((padded, targets)), rng=jax.random.PRNGKey(0))
   logits_padded, _ = model((padded, targets))
   logits, _ = model((inputs, targets))
@@ -85,7 +88,8 @@ def test_encoder_padding_is_masked():
                              atol=1e-5)
 
 
-@pytest.mark.parametrize('variant', ['dense', 'sparse_ff_qkv_loss'])
+@pytest.mark.parametrize('variant', ['dense', 'sparse_ff_qkv_loss',
+                                     'local_conv'])
 def test_lm_is_causal(variant):
   tokens = _tokens((1, 8))
   changed = tokens.copy()
