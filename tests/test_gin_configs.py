@@ -12,10 +12,12 @@ from terraformer.cli import common
 from terraformer.cli import info
 
 GIN_DIR = os.path.join(os.path.dirname(os.path.dirname(__file__)), 'gin')
-# Include-only fragments of the OOD cells (no model on their own); the cells
-# themselves are checked here and in tests/cli/test_cli_ood.py.
+# Include-only fragments (no model on their own) of the OOD cells and of the
+# long-input recall32 rows; the cells and rows themselves are checked here (the
+# OOD cells also in tests/cli/test_cli_ood.py).
 FRAGMENTS = ('ood/base.gin', 'ood/model_transformer.gin',
-             'ood/model_terraformer.gin', 'ood/paper_scale.gin')
+             'ood/model_terraformer.gin', 'ood/paper_scale.gin',
+             'long_input/recall32/base.gin', 'long_input/recall32/keyed.gin')
 ALL_CONFIGS = sorted(
     p for p in glob.glob(os.path.join(GIN_DIR, '**', '*.gin'), recursive=True)
     if os.path.relpath(p, GIN_DIR) not in FRAGMENTS)
