@@ -244,6 +244,7 @@ class _CheckpointedLoop(training.Loop):
 
   def run(self, n_steps=1):
     self._in_run = True
+    self._resumed_at = self.step  # 0 on a fresh start.
     try:
       return super().run(n_steps)
     finally:
@@ -336,6 +337,31 @@ class _CheckpointedLoop(training.Loop):
     super()._log_training_progress(
         task, sums['loss'], sums['steps'], elapsed_time, sums['stats'],
         summary_writer)
+    if getattr(self, '_resumed_at', 0):
+      self._save_gin_of_resumed_run(summary_writer)
+
+  def _save_gin_of_resumed_run(self, summary_writer):
+    """Loop writes `config.gin` after step 1 only, so a run resumed with other
+    bindings (a curriculum's next stage, another learning rate) would keep
+    its first start's. At a resumed run's first log, a changed operative
+    config replaces it and the earlier one is kept as
+    `config.until_step_N.gin` (N: the step it resumed from)."""
+    start, self._resumed_at = self._resumed_at, 0
+    if not self.is_chief or self._output_dir is None:
+      return
+    path = os.path.join(self._output_dir, 'config.gin')
+    old = None
+    if os.path.exists(path):
+      with open(path) as f:
+        old = f.read()
+    if old == gin.operative_config_str():
+      return
+    if old is not None:
+      kept = os.path.join(self._output_dir, f'config.until_step_{start}.gin')
+      os.replace(path, kept)
+      say(f'Bindings changed since step {start}: config.gin rewritten, the '
+          f'earlier one kept as {kept}')
+    self._save_gin(summary_writer)
 
   def log_summary(self, values, summary_writer, value_prefix, log_prefix,
                   stdout=True):

@@ -8,6 +8,7 @@ import subprocess
 import sys
 import textwrap
 
+import gin
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -139,6 +140,26 @@ def test_resume_continues_from_checkpoint(tmp_path):
   # Asking for no more steps than done trains nothing.
   again = _train(tmp_path / 'resumed', 8, **fixed)
   assert again.step == 8 and Recorder.instances[-1].steps == []
+
+
+def test_resume_with_other_bindings_rewrites_config_gin(tmp_path, capsys):
+  # Loop writes config.gin after step 1 only; a resumed run with other
+  # bindings (a curriculum's next stage) must not keep the first start's.
+  try:
+    gin.parse_config('Adam.eps = 1e-5')
+    _train(tmp_path, 2)
+    first = (tmp_path / 'config.gin').read_text()
+    assert 'Adam.eps = 1e-05' in first
+    _train(tmp_path, 4)  # The same bindings: nothing rewritten or kept.
+    assert (tmp_path / 'config.gin').read_text() == first
+    assert not glob.glob(str(tmp_path / 'config.until_step_*.gin'))
+    gin.parse_config('Adam.eps = 1e-3')
+    _train(tmp_path, 6)
+  finally:
+    gin.clear_config()
+  assert 'Adam.eps = 0.001' in (tmp_path / 'config.gin').read_text()
+  assert (tmp_path / 'config.until_step_4.gin').read_text() == first
+  assert 'earlier one kept as' in capsys.readouterr().out
 
 
 def _stream_with_nan_at(step):
