@@ -139,6 +139,7 @@ class _CheckpointedLoop(training.Loop):
     self._in_run = False  # Inside `run` (its evals follow its saves).
     self._evals_done_at = None  # Step of the last `run_evals`.
     self._deferred_saves = []  # Basenames waiting for this step's evals.
+    self._resumed_at = 0  # Step `run` resumed from, until config.gin is saved.
     # Train metrics since the last eval (checkpointed).
     self.since_eval = sharded_training.new_since_eval()
     super().__init__(*args, **kwargs)
@@ -244,7 +245,7 @@ class _CheckpointedLoop(training.Loop):
 
   def run(self, n_steps=1):
     self._in_run = True
-    self._resumed_at = self.step  # 0 on a fresh start.
+    self._resumed_at = self.step
     try:
       return super().run(n_steps)
     finally:
@@ -337,7 +338,7 @@ class _CheckpointedLoop(training.Loop):
     super()._log_training_progress(
         task, sums['loss'], sums['steps'], elapsed_time, sums['stats'],
         summary_writer)
-    if getattr(self, '_resumed_at', 0):
+    if self._resumed_at:
       self._save_gin_of_resumed_run(summary_writer)
 
   def _save_gin_of_resumed_run(self, summary_writer):
