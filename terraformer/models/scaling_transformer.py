@@ -39,6 +39,7 @@ MultiplicativeConvCausalAttention's share_qk / output_layer_type /
 v_concat_type other than their defaults, and tuple enc_dec_attention_sparsity.
 Our alternatives with no Trax counterpart: sparse_encoder_attention=
 'bidirectional' (a padding-masked, bidirectional sparse encoder),
+encoder_attention_type 'blockwise', 'cst' or 'lsh' (long inputs),
 attention_module_kernel_size other than 3, and local_conv_len > 0 (a
 causal convolution sublayer before each self-attention, `LocalConv`).
 """
@@ -49,6 +50,7 @@ from terraformer.errors import TerraformerError
 from terraformer.layers import SparseFF
 from terraformer.layers import SparseQKV
 from terraformer.layers import SparseQKVAttention
+from terraformer.layers.attention import SelfAttention
 from terraformer.layers.blockwise_attention import BlockwiseSelfAttention
 from terraformer.layers.composite_slice_attention import check_dense_qkv
 from terraformer.layers.local_conv import LocalConv
@@ -62,7 +64,7 @@ from terraformer.models.common import Logits
 
 ENCODER_ATTENTIONS = ('causal', 'bidirectional')
 LM_ATTENTION_TYPES = ('full', 'cst')
-ENCODER_ATTENTION_TYPES = ('full', 'blockwise', 'cst')
+ENCODER_ATTENTION_TYPES = ('full', 'blockwise', 'cst', 'lsh')
 
 
 @gin.configurable(module='terraformer')
@@ -117,7 +119,8 @@ def ScalingTransformer(input_vocab_size=32000, output_vocab_size=None,
                        cross_attention_sparsity=None, loss_sparsity=0,
                        encoder_attention_type='full', block_len=512,
                        cst_slice_len=32, cst_extension=3,
-                       encoder_pooling=None, pooling_peaked=True,
+                       lsh_chunk_len=128, lsh_n_hashes=1, lsh_n_buckets=None,
+                       lsh_eval_seed=0, encoder_pooling=None, pooling_peaked=True,
                        pooling_sort=True, local_conv_len=0, mode='train'):
   """Encoder-decoder Scaling Transformer (the paper's T5-like 800M model).
 
@@ -146,9 +149,16 @@ def ScalingTransformer(input_vocab_size=32000, output_vocab_size=None,
 
   Long inputs (dense encoder attention only):
     `encoder_attention_type`  'full', 'blockwise' (blocks of `block_len`,
-                              Pyramidion §3.2) or 'cst' (bidirectional
+                              Pyramidion §3.2), 'cst' (bidirectional
                               composite slice attention, L = cst_slice_len,
-                              α = cst_extension);
+                              α = cst_extension) or 'lsh' (the Terraformer's
+                              bidirectional LSH attention, Reformer; chunks
+                              of `lsh_chunk_len`, which divides the input
+                              length, each with its neighbours;
+                              `lsh_n_hashes` rounds of `lsh_n_buckets`
+                              buckets, None: 2 * length / chunk; block i
+                              hashes with key `lsh_eval_seed` + i in eval
+                              and predict, None: random);
     `encoder_pooling`         {layer: k}: after encoder block `layer`
                               (0-based) a linear scorer and the successive
                               halving top-k operator pool the sequence to k
@@ -185,21 +195,24 @@ def ScalingTransformer(input_vocab_size=32000, output_vocab_size=None,
                                  attention_type=encoder_attention_type,
                                  cst=(cst_slice_len, cst_extension),
                                  block_len=block_len,
-                                 local_conv_len=local_conv_len)
+                                 local_conv_len=local_conv_len,
+                                 lsh=(lsh_chunk_len, lsh_n_hashes,
+                                      lsh_n_buckets, lsh_eval_seed))
   decoder_sublayers = _Sublayers(d_model, d_ff, n_heads, dropout, max_len,
                                  *ff, attention_sparsity, *attention, mode,
                                  cross_attention_sparsity,
                                  local_conv_len=local_conv_len)
-  encoder_attention = (encoder_sublayers.causal_attention
-                       if encoder_attention_sparsity
-                       and sparse_encoder_attention == 'causal'
-                       else encoder_sublayers.bidirectional_attention)
+  def encoder_attention(index):
+    if encoder_attention_sparsity and sparse_encoder_attention == 'causal':
+      return encoder_sublayers.causal_attention()
+    return encoder_sublayers.bidirectional_attention(index)
+
   encoder = tl.Serial(                           # tok_e
       tl.Branch(
           _Embedder(input_vocab_size, d_model, dropout, max_len, encoder_mode,
                     shared_embedding),
           tl.PaddingMask()),                     # vec_e mask_e
-      [[_EncoderBlock(encoder_sublayers, encoder_attention),
+      [[_EncoderBlock(encoder_sublayers, encoder_attention(i)),
         _Pooling(pooling.get(i), pooling_peaked, pooling_sort)]
        for i in range(n_encoder_layers)],        # vec_e mask_e (pooled)
       tl.LayerNorm(),                            # vec_e mask_e
@@ -227,7 +240,8 @@ class _Sublayers:
                d_lowrank, ff_temperature, ff_quant_prob, attention_sparsity,
                attention_kernel_size, attention_module_kernel_size, mode,
                cross_attention_sparsity=0, attention_type='full',
-               cst=(32, 3), block_len=512, local_conv_len=0):
+               cst=(32, 3), block_len=512, local_conv_len=0,
+               lsh=(128, 1, None, 0)):
     self.d_model, self.d_ff, self.n_heads = d_model, d_ff, n_heads
     self.dropout, self.max_len, self.mode = dropout, max_len, mode
     self.ff_sparsity, self.d_lowrank = ff_sparsity, d_lowrank
@@ -237,6 +251,7 @@ class _Sublayers:
     self.module_kernel_size = attention_module_kernel_size
     self.cross_attention_sparsity = cross_attention_sparsity
     self.attention_type, self.cst, self.block_len = attention_type, cst, block_len
+    self.lsh = lsh
     if isinstance(local_conv_len, bool) or not isinstance(
         local_conv_len, int) or local_conv_len < 0:
       raise TerraformerError(f'local_conv_len must be an integer >= 0, got '
@@ -299,8 +314,18 @@ class _Sublayers:
         PrefixCausalAttention(self.dropout, self.max_len, self.mode),
         n_heads=self.n_heads)
 
-  def bidirectional_attention(self):
-    """(x, mask) -> (y, mask)."""
+  def bidirectional_attention(self, index=0):
+    """(x, mask) -> (y, mask); `index`: the encoder block (LSH's eval key)."""
+    if self.attention_type == 'lsh':
+      chunk_len, n_hashes, n_buckets, eval_seed = self.lsh
+      lsh = SelfAttention(
+          self.d_model, self.n_heads, 'lsh', causal=False,
+          dropout=self.dropout, lsh_chunk_len=chunk_len,
+          lsh_n_hashes=n_hashes, lsh_n_buckets=n_buckets,
+          lsh_eval_seed=None if eval_seed is None else eval_seed + index,
+          mode=self.mode)
+      return tl.Branch([tl.Parallel([], _FlatMask()), lsh],
+                       tl.Select([1], n_in=2))
     if self.attention_type == 'blockwise':
       return tl.Branch([tl.Parallel([], _FlatMask()),
                         BlockwiseSelfAttention(self.d_model, self.n_heads,
@@ -383,11 +408,11 @@ def _DecoderOnlyBlock(s):
 
 
 def _EncoderBlock(s, attention):                 # vec_e mask_e
-  """`attention`: s.causal_attention (x -> y; the mask passes under it) or
-  s.bidirectional_attention ((x, mask) -> (y, mask))."""
+  """`attention`: s.causal_attention() (x -> y; the mask passes under it) or
+  s.bidirectional_attention() ((x, mask) -> (y, mask))."""
   return [
       s.local_conv(),
-      tl.Residual(tl.LayerNorm(), attention(), s.dropout_layer()),
+      tl.Residual(tl.LayerNorm(), attention, s.dropout_layer()),
       tl.Residual(tl.LayerNorm(), s.feed_forward(), s.dropout_layer()),
   ]
 

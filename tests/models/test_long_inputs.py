@@ -153,16 +153,41 @@ def test_cst_language_model_decodes_as_it_evaluates():
                              atol=2e-4, rtol=2e-4)
 
 
-@pytest.mark.parametrize('attention', ['blockwise', 'cst'])
+@pytest.mark.parametrize('attention', ['blockwise', 'cst', 'lsh'])
 def test_pooled_encoder_decoder_decodes_as_it_evaluates(attention):
   inputs, targets = _tokens((2, 16), 14), _tokens((2, 5), 15)
   inputs[1, 9:] = 0
   full, steps, _ = _eval_and_predict_logits(
       lambda mode: ScalingTransformer(
           mode=mode, encoder_attention_type=attention, block_len=8,
-          cst_slice_len=4, encoder_pooling={0: 8, 1: 4}, **ENCDEC),
+          cst_slice_len=4, lsh_chunk_len=4, lsh_n_hashes=2,
+          encoder_pooling={0: 8, 1: 4}, **ENCDEC),
       inputs, targets)
   np.testing.assert_allclose(steps, full, atol=2e-4, rtol=2e-4)
+
+
+def test_lsh_encoder_reads_the_input_and_hashes_by_its_eval_key():
+  """The encoder-decoder's LSH encoder: a fixed eval key gives the same
+  logits twice; another key hashes otherwise (other logits); the encoder
+  input reaches the logits."""
+  inputs, targets = _tokens((2, 16), 18), _tokens((2, 4), 19)
+  logits = {}
+  for seed in (0, 5):
+    model = ScalingTransformer(mode='eval', encoder_attention_type='lsh',
+                               lsh_chunk_len=4, lsh_eval_seed=seed, **ENCDEC)
+    model.init(shapes.signature((inputs, targets)), rng=jax.random.PRNGKey(20))
+    if seed == 0:
+      weights = model.weights
+      again = np.asarray(model((inputs, targets))[0])
+    model.weights = weights
+    logits[seed] = np.asarray(model((inputs, targets))[0])
+  np.testing.assert_array_equal(logits[0], again)
+  assert np.abs(logits[5] - logits[0]).max() > 1e-5
+  changed = inputs.copy()
+  changed[:, 3] = changed[:, 3] % (VOCAB - 1) + 1
+  model.weights = weights
+  assert np.abs(np.asarray(model((changed, targets))[0])
+                - logits[5]).max() > 1e-5
 
 
 @pytest.mark.parametrize('build, message', [
