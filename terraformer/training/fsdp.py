@@ -473,6 +473,7 @@ class FsdpLoop:
     if self._chief:
       self._writers = {mode: jaxboard.SummaryWriter(
           os.path.join(self._output_dir, mode)) for mode in ('train', 'eval')}
+    resumed_at = self.step  # config.gin: written at step 1 or resume.
     try:
       start, steps_run = time.time(), 0
       for _ in range(n_steps):
@@ -488,8 +489,11 @@ class FsdpLoop:
           say(f'Step {self.step:6d}: Ran {sums["steps"]} train steps in '
               f'{elapsed:0.2f} secs')
           self._summaries('train', {'loss': sums['loss'] / n}, 'metrics/')
-          if self.step == 1:
+          if self.step == 1 or (resumed_at and self._chief and
+                                resume.config_gin_is_stale(self._output_dir,
+                                                           resumed_at)):
             self._save_gin()
+          resumed_at = 0
           self._summaries('train', dict(
               {'learning_rate': float(lr_schedule(self.step)),
                'steps per second': steps_run / max(elapsed, 1e-9)},

@@ -342,27 +342,12 @@ class _CheckpointedLoop(training.Loop):
       self._save_gin_of_resumed_run(summary_writer)
 
   def _save_gin_of_resumed_run(self, summary_writer):
-    """Loop writes `config.gin` after step 1 only, so a run resumed with other
-    bindings (a curriculum's next stage, another learning rate) would keep
-    its first start's. At a resumed run's first log, a changed operative
-    config replaces it and the earlier one is kept as
-    `config.until_step_N.gin` (N: the step it resumed from)."""
+    """A resumed run's config.gin, at its first log: `resume.config_gin_is_
+    stale`."""
     start, self._resumed_at = self._resumed_at, 0
-    if not self.is_chief or self._output_dir is None:
-      return
-    path = os.path.join(self._output_dir, 'config.gin')
-    old = None
-    if os.path.exists(path):
-      with open(path) as f:
-        old = f.read()
-    if old == gin.operative_config_str():
-      return
-    if old is not None:
-      kept = os.path.join(self._output_dir, f'config.until_step_{start}.gin')
-      os.replace(path, kept)
-      say(f'Bindings changed since step {start}: config.gin rewritten, the '
-          f'earlier one kept as {kept}')
-    self._save_gin(summary_writer)
+    if (self.is_chief and self._output_dir is not None
+        and resume.config_gin_is_stale(self._output_dir, start)):
+      self._save_gin(summary_writer)
 
   def log_summary(self, values, summary_writer, value_prefix, log_prefix,
                   stdout=True):

@@ -7,11 +7,16 @@
   removes the output directory if it made it (nothing of value was written);
 - a restored checkpoint says how many train batches it had consumed: they are
   skipped, so training goes on with the data it would have seen;
-- one line says where training resumes, or that it is already done.
+- one line says where training resumes, or that it is already done;
+- `config.gin` is written after step 1; a run resumed with other bindings
+  rewrites it at its first log and keeps the earlier one
+  (`config_gin_is_stale`).
 """
 import contextlib
 import os
 import shutil
+
+import gin
 
 from terraformer.distributed import say
 
@@ -47,4 +52,26 @@ def resume(loop, train_batches, steps, output_dir, init_checkpoint=None):
   if loop.step >= steps:
     say(f'Already trained for {loop.step} >= {steps} steps.')
     return False
+  return True
+
+
+def config_gin_is_stale(output_dir, resumed_from):
+  """Whether a resumed run must (re)write `output_dir/config.gin`.
+
+  Both loops write `config.gin` after step 1 only, so a run resumed with
+  other bindings (a curriculum's next stage, another learning rate) would
+  keep its first start's. True when it is missing or differs from the
+  operative config; a differing one is first renamed
+  `config.until_step_N.gin` (N = `resumed_from`), with one line saying so.
+  """
+  path = os.path.join(output_dir, 'config.gin')
+  if not os.path.exists(path):
+    return True
+  with open(path) as f:
+    if f.read() == gin.operative_config_str():
+      return False
+  kept = os.path.join(output_dir, f'config.until_step_{resumed_from}.gin')
+  os.replace(path, kept)
+  say(f'Bindings changed since step {resumed_from}: config.gin rewritten, the '
+      f'earlier one kept as {kept}')
   return True

@@ -142,19 +142,22 @@ def test_resume_continues_from_checkpoint(tmp_path):
   assert again.step == 8 and Recorder.instances[-1].steps == []
 
 
-def test_resume_with_other_bindings_rewrites_config_gin(tmp_path, capsys):
-  # Loop writes config.gin after step 1 only; a resumed run with other
+@pytest.mark.parametrize('weight_sharding', ['replicated', 'fsdp'])
+def test_resume_with_other_bindings_rewrites_config_gin(tmp_path, capsys,
+                                                         weight_sharding):
+  # Both loops write config.gin after step 1 only; a resumed run with other
   # bindings (a curriculum's next stage) must not keep the first start's.
+  train = functools.partial(_train, tmp_path, weight_sharding=weight_sharding)
   try:
     gin.parse_config('Adam.eps = 1e-5')
-    _train(tmp_path, 2)
+    train(2)
     first = (tmp_path / 'config.gin').read_text()
     assert 'Adam.eps = 1e-05' in first
-    _train(tmp_path, 4)  # The same bindings: nothing rewritten or kept.
+    train(4)  # The same bindings: nothing rewritten or kept.
     assert (tmp_path / 'config.gin').read_text() == first
     assert not glob.glob(str(tmp_path / 'config.until_step_*.gin'))
     gin.parse_config('Adam.eps = 1e-3')
-    _train(tmp_path, 6)
+    train(6)
   finally:
     gin.clear_config()
   assert 'Adam.eps = 0.001' in (tmp_path / 'config.gin').read_text()
