@@ -10,6 +10,12 @@ encoder-decoder's target, or a causal LM's answer tokens). An example is an
 exact match when every weighted target token (values and EOS) is right; teacher-forced exact match equals
 greedy decoding's, since with every prefix right greedy decoding sees the
 same prefixes. Prints one JSON line.
+
+`--kept_by_pooling` (pooled encoders) adds which input tokens win the
+encoder's first pooling (successive halving top-k): the fraction of the
+facts' tokens (task symbols in the first half of the input), of the query
+tokens (task symbols in the second half) and of examples that keep all of
+them; task symbols are the ids >= `long_range_recall_stream.vocab_size`.
 """
 import itertools
 import json
@@ -28,6 +34,8 @@ flags.DEFINE_multi_string('config_file', [], 'Gin files.')
 flags.DEFINE_multi_string('config', [], 'Gin bindings.')
 flags.DEFINE_string('output_dir', None, 'Run directory (checkpoint).')
 flags.DEFINE_integer('batches', 16, 'Eval batches to score.')
+flags.DEFINE_bool('kept_by_pooling', False,
+                  'Also report which tokens the first pooling keeps.')
 
 
 def _reference(name):
@@ -65,9 +73,52 @@ def main(argv):
     total += int(w.sum())
     exact += int(right.all(axis=1).sum())
     n += len(x)
-  print(json.dumps(dict(output_dir=FLAGS.output_dir, step=int(step),
-                        examples=n, exact_match=exact / n,
-                        token_accuracy=correct / total)))
+  result = dict(output_dir=FLAGS.output_dir, step=int(step), examples=n,
+                exact_match=exact / n, token_accuracy=correct / total)
+  if FLAGS.kept_by_pooling:
+    result.update(_kept_by_first_pooling(model, batches))
+  print(json.dumps(result))
+
+
+def _kept_by_first_pooling(model, batches):
+  """Fractions of fact and query tokens among the first pooling's winners."""
+  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
+  from terraformer.layers import successive_halving_topk as topk  # pylint: disable=g-import-not-at-top
+  symbols = gin.query_parameter('long_range_recall_stream.vocab_size')
+  if isinstance(symbols, gin.config.ConfigurableReference):  # A macro.
+    symbols = symbols.scoped_configurable_fn()
+  winners, original = [], topk.successive_halving_topk
+
+  def recording(*args, **kwargs):
+    out = original(*args, **kwargs)
+    winners.append(np.asarray(out[3]))
+    return out
+
+  facts = queries = all_kept = n_facts = n_queries = n = 0
+  topk.successive_halving_topk = recording
+  try:
+    for x, y, _ in batches:
+      del winners[:]
+      model.pure_fn((jnp.asarray(x), jnp.asarray(y)), model.weights,
+                    model.state, model.rng)  # Eager: the winners are arrays.
+      if not winners:
+        raise SystemExit('--kept_by_pooling: the model has no pooling')
+      half = x.shape[1] // 2
+      for tokens, kept in zip(x, winners[0]):
+        is_symbol = tokens >= symbols
+        wanted = np.flatnonzero(is_symbol)
+        hit = np.isin(wanted, kept)
+        facts += int(hit[wanted < half].sum())
+        queries += int(hit[wanted >= half].sum())
+        n_facts += int((wanted < half).sum())
+        n_queries += int((wanted >= half).sum())
+        all_kept += int(hit.all())
+        n += 1
+  finally:
+    topk.successive_halving_topk = original
+  return dict(first_pooling_keeps_facts=facts / max(n_facts, 1),
+              first_pooling_keeps_queries=queries / max(n_queries, 1),
+              first_pooling_keeps_all=all_kept / n)
 
 
 if __name__ == '__main__':
