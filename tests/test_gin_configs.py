@@ -17,7 +17,8 @@ GIN_DIR = os.path.join(os.path.dirname(os.path.dirname(__file__)), 'gin')
 # OOD cells also in tests/cli/test_cli_ood.py).
 FRAGMENTS = ('ood/base.gin', 'ood/model_transformer.gin',
              'ood/model_terraformer.gin', 'ood/paper_scale.gin',
-             'long_input/recall32/base.gin', 'long_input/recall32/keyed.gin')
+             'long_input/recall32/base.gin', 'long_input/recall32/keyed.gin',
+             'long_input/recall32/keyed_scored.gin')
 ALL_CONFIGS = sorted(
     p for p in glob.glob(os.path.join(GIN_DIR, '**', '*.gin'), recursive=True)
     if os.path.relpath(p, GIN_DIR) not in FRAGMENTS)

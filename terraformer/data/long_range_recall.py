@@ -244,7 +244,7 @@ def long_range_recall_stream(split='train', input_len=512, n_facts=4,
                              n_keys=64, n_tags=64, n_values=64, value_len=1,
                              batch_size=8, vocab_size=2048, vocab_path=None,
                              papers_dir=None, seed=0, target_pad_to=None,
-                             link='tag', keyed_answer=False):
+                             link='tag', keyed_answer=False, key_weight=0.0):
   """Returns an endless generator of encoder-decoder recall batches.
 
   Args:
@@ -268,12 +268,22 @@ def long_range_recall_stream(split='train', input_len=512, n_facts=4,
       docstring).
     keyed_answer: the target repeats each queried key (weight 0) before its
       value (see the module docstring).
+    key_weight: with `keyed_answer`, the weight of the repeated keys: 0
+      scores the values only; > 0 also asks the model to write the queried
+      keys in query order, which only the input's queries tell (so an
+      encoder that pools must keep them).
 
   Returns:
     A generator of `(inputs [B, input_len], targets [B, n_facts * value_len
     + 1 or target_pad_to], weights)`, int32/int32/float32, weights 1 on the
-    values and EOS, 0 on padding.
+    values and EOS, `key_weight` on repeated keys, 0 on padding.
   """
+  if isinstance(key_weight, bool) or not isinstance(
+      key_weight, (int, float)) or not 0 <= key_weight < float('inf') or (
+          key_weight and not keyed_answer):
+    raise TerraformerError(
+        f'key_weight must be a finite number >= 0, and 0 without '
+        f'keyed_answer; got {key_weight!r} (keyed_answer={keyed_answer!r})')
   layout, examples = _examples(split, input_len, n_facts, n_keys, n_tags,
                                n_values, value_len, batch_size, vocab_size,
                                vocab_path, papers_dir, seed, link,
@@ -286,6 +296,9 @@ def long_range_recall_stream(split='train', input_len=512, n_facts=4,
           f'target_pad_to must be an integer >= {layout.target_len}, got '
           f'{target_pad_to!r}')
     padded_len = target_pad_to
+  target_weights = layout.target_weights.copy()
+  if keyed_answer:
+    target_weights[:-1:1 + value_len] = key_weight
 
   def batches():
     for pairs in examples:
@@ -293,7 +306,7 @@ def long_range_recall_stream(split='train', input_len=512, n_facts=4,
       targets = np.zeros((batch_size, padded_len), np.int32)
       weights = np.zeros((batch_size, padded_len), np.float32)
       targets[:, :layout.target_len] = np.stack([y for _, y in pairs])
-      weights[:, :layout.target_len] = layout.target_weights
+      weights[:, :layout.target_len] = target_weights
       yield inputs, targets, weights
 
   return batches()

@@ -145,6 +145,10 @@ def test_keyed_answer_repeats_each_queried_key_with_weight_0(
   np.testing.assert_array_equal(keyed[1][:, 1::2], plain[1][:, :-1])  # Values.
   np.testing.assert_array_equal(keyed[1][:, -1], plain[1][:, -1])  # EOS.
   np.testing.assert_array_equal(keyed[2][0], [0, 1, 0, 1, 0, 1, 1])
+  scored = next(_stream(papers_dir, n_facts=n, seed=2, link=link,
+                        keyed_answer=True, key_weight=0.5))
+  np.testing.assert_array_equal(scored[1], keyed[1])
+  np.testing.assert_array_equal(scored[2][0], [.5, 1, .5, 1, .5, 1, 1])
   tokens, _, weights = next(lrr.long_range_recall_lm_stream(
       seq_len=71, n_facts=n, batch_size=4, vocab_size=V, papers_dir=papers_dir,
       seed=2, link=link, keyed_answer=True, **SYMBOLS))
@@ -177,6 +181,8 @@ def test_lm_stream_is_input_then_target(shared_cache_dir, papers_dir):
     (dict(split='dev'), 'split'),
     (dict(batch_size=0), 'batch_size'),
     (dict(link='key'), 'link'),
+    (dict(key_weight=1.0), 'key_weight'),
+    (dict(keyed_answer=True, key_weight=-1.0), 'key_weight'),
 ])
 def test_bad_settings_are_one_clear_error(shared_cache_dir, papers_dir,
                                           kwargs, message):
