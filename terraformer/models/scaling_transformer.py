@@ -120,8 +120,9 @@ def ScalingTransformer(input_vocab_size=32000, output_vocab_size=None,
                        encoder_attention_type='full', block_len=512,
                        cst_slice_len=32, cst_extension=3,
                        lsh_chunk_len=128, lsh_n_hashes=1, lsh_n_buckets=None,
-                       lsh_eval_seed=0, encoder_pooling=None, pooling_peaked=True,
-                       pooling_sort=True, local_conv_len=0, mode='train'):
+                       lsh_eval_seed=0, encoder_pooling=None,
+                       pooling_peaked=True, pooling_sort=True,
+                       local_conv_len=0, mode='train'):
   """Encoder-decoder Scaling Transformer (the paper's T5-like 800M model).
 
   (input tokens, target tokens) -> (logits, target tokens). In predict mode
@@ -318,23 +319,17 @@ class _Sublayers:
     """(x, mask) -> (y, mask); `index`: the encoder block (LSH's eval key)."""
     if self.attention_type == 'lsh':
       chunk_len, n_hashes, n_buckets, eval_seed = self.lsh
-      lsh = SelfAttention(
+      return _OnFlatMask(SelfAttention(
           self.d_model, self.n_heads, 'lsh', causal=False,
           dropout=self.dropout, lsh_chunk_len=chunk_len,
           lsh_n_hashes=n_hashes, lsh_n_buckets=n_buckets,
           lsh_eval_seed=None if eval_seed is None else eval_seed + index,
-          mode=self.mode)
-      return tl.Branch([tl.Parallel([], _FlatMask()), lsh],
-                       tl.Select([1], n_in=2))
+          mode=self.mode))
     if self.attention_type == 'blockwise':
-      return tl.Branch([tl.Parallel([], _FlatMask()),
-                        BlockwiseSelfAttention(self.d_model, self.n_heads,
-                                               self.block_len)],
-                       tl.Select([1], n_in=2))
+      return _OnFlatMask(BlockwiseSelfAttention(self.d_model, self.n_heads,
+                                                self.block_len))
     if self.attention_type == 'cst':
-      return tl.Branch([tl.Parallel([], _FlatMask()),
-                        self.composite_slice_attention(causal=False)],
-                       tl.Select([1], n_in=2))
+      return _OnFlatMask(self.composite_slice_attention(causal=False))
     if self.attention_sparsity:
       return SparseQKVAttention(self.d_model, self.attention_sparsity,
                                 self.kernel_size, self.dropout, self.mode)
@@ -375,6 +370,13 @@ def _check_choice(name, value, choices):
 def _FlatMask():
   """tl.PaddingMask's [B, 1, 1, L] -> [B, L]."""
   return tl.Fn('FlatMask', lambda mask: mask.reshape(mask.shape[0], -1))
+
+
+def _OnFlatMask(attention):
+  """(x, mask) -> (attention(x, flat mask), mask): a long-input attention,
+  which reads the [B, L] mask, where the encoder carries PaddingMask's."""
+  return tl.Branch([tl.Parallel([], _FlatMask()), attention],
+                   tl.Select([1], n_in=2))
 
 
 def _Pooling(k, peaked, sort):                   # vec_e mask_e

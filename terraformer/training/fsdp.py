@@ -489,9 +489,9 @@ class FsdpLoop:
           say(f'Step {self.step:6d}: Ran {sums["steps"]} train steps in '
               f'{elapsed:0.2f} secs')
           self._summaries('train', {'loss': sums['loss'] / n}, 'metrics/')
-          if self.step == 1 or (resumed_at and self._chief and
-                                resume.config_gin_is_stale(self._output_dir,
-                                                           resumed_at)):
+          if self.step == 1 or (
+              resumed_at and self._chief and resume.retire_stale_config_gin(
+                  self._output_dir, resumed_at)):
             self._save_gin()
           resumed_at = 0
           self._summaries('train', dict(

@@ -342,11 +342,11 @@ class _CheckpointedLoop(training.Loop):
       self._save_gin_of_resumed_run(summary_writer)
 
   def _save_gin_of_resumed_run(self, summary_writer):
-    """A resumed run's config.gin, at its first log: `resume.config_gin_is_
-    stale`."""
+    """A resumed run's config.gin, at its first log
+    (`resume.retire_stale_config_gin`)."""
     start, self._resumed_at = self._resumed_at, 0
     if (self.is_chief and self._output_dir is not None
-        and resume.config_gin_is_stale(self._output_dir, start)):
+        and resume.retire_stale_config_gin(self._output_dir, start)):
       self._save_gin(summary_writer)
 
   def log_summary(self, values, summary_writer, value_prefix, log_prefix,

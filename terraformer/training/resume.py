@@ -10,7 +10,7 @@
 - one line says where training resumes, or that it is already done;
 - `config.gin` is written after step 1; a run resumed with other bindings
   rewrites it at its first log and keeps the earlier one
-  (`config_gin_is_stale`).
+  (`retire_stale_config_gin`).
 """
 import contextlib
 import os
@@ -55,8 +55,8 @@ def resume(loop, train_batches, steps, output_dir, init_checkpoint=None):
   return True
 
 
-def config_gin_is_stale(output_dir, resumed_from):
-  """Whether a resumed run must (re)write `output_dir/config.gin`.
+def retire_stale_config_gin(output_dir, resumed_from):
+  """Renames a stale `config.gin`; returns whether to (re)write it.
 
   Both loops write `config.gin` after step 1 only, so a run resumed with
   other bindings (a curriculum's next stage, another learning rate) would
