@@ -22,7 +22,6 @@ import json
 from absl import app
 from absl import flags
 import gin
-import numpy as np
 
 from terraformer import config as config_lib
 from terraformer.cli import common
@@ -48,9 +47,7 @@ def region(i, len_a, len_b, len_sum):
 def main(argv):
   del argv
   common.setup()
-  from trax import shapes  # pylint: disable=g-import-not-at-top
   from terraformer.data import arithmetic  # pylint: disable=g-import-not-at-top
-  from terraformer.decoding import search  # pylint: disable=g-import-not-at-top
   from terraformer.evaluation import ood  # pylint: disable=g-import-not-at-top
   from terraformer.evaluation import rouge  # pylint: disable=g-import-not-at-top
   _, path = ood.cell_config_file(FLAGS.cell, config_lib.GIN_DIR)
@@ -59,19 +56,16 @@ def main(argv):
   model_fn = getattr(model_fn, 'scoped_configurable_fn', model_fn)
   plus = arithmetic.encode('+')[0]
   counts = collections.Counter()
-  model = step = None
-  for inputs, targets, _ in arithmetic.arithmetic_stream(
-      split='validation', repeat=False, n_examples=FLAGS.examples,
-      batch_size=64):
-    if model is None:
-      signature = (shapes.ShapeDtype(inputs.shape, np.int32),
-                   shapes.ShapeDtype((inputs.shape[0], 1), np.int32))
-      model, step = rouge.load_model(model_fn, FLAGS.output_dir, 'predict',
-                                     signature)
-    predictions = np.asarray(search.decode(
-        model, inputs, max_length=targets.shape[1], method='greedy',
-        eos_id=arithmetic.EOS_ID, pad_id=arithmetic.PAD_ID,
-        input_length=inputs.shape[1]))
+  steps = []
+
+  def make_model(signature):
+    model, step = rouge.load_model(model_fn, FLAGS.output_dir, 'predict',
+                                   signature)
+    steps.append(step)
+    return model
+
+  for inputs, targets, _, predictions in ood.greedy_decodes(
+      make_model, 'validation', n_examples=FLAGS.examples):
     for x, t, p in zip(inputs.tolist(), targets.tolist(), predictions):
       len_a = x.index(plus)
       len_b = x.index(arithmetic.EOS_ID) - len_a - 1
@@ -80,7 +74,7 @@ def main(argv):
         name = region(i, len_a, len_b, len_sum)
         counts[name, 'n'] += 1
         counts[name, 'right'] += int(i < len(p) and p[i] == t[i])
-  result = {'output_dir': FLAGS.output_dir, 'step': int(step)}
+  result = {'output_dir': FLAGS.output_dir, 'step': int(steps[0])}
   for name in REGIONS:
     n = counts[name, 'n']
     result[name] = round(counts[name, 'right'] / n, 3) if n else None

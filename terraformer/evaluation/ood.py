@@ -109,6 +109,40 @@ def predict_model(model_fn, weights, input_signature):
   return model
 
 
+def greedy_decodes(make_model, split, stream=arithmetic.arithmetic_stream,
+                   n_examples=256, batch_size=64, progress=False):
+  """Yields `(inputs, targets, mask, predictions)` batches of one split.
+
+  Args:
+    make_model: called once, with the (inputs, prev token) ShapeDtypes of
+      the first batch, returns the predict-mode model.
+    split: the stream's split.
+    stream: data stream function, called as `stream(split=, repeat=False,
+      n_examples=, batch_size=)` (other settings from gin); its targets end
+      with EOS.
+    n_examples: examples decoded (the same ones on every call).
+    batch_size: rows decoded at once.
+    progress: show a per-token progress bar.
+
+  Each row is decoded greedily (no teacher forcing) for up to the stream's
+  target length (the longest possible target, EOS included).
+  """
+  from terraformer.decoding import search as decoding  # pylint: disable=g-import-not-at-top
+  from trax import shapes  # pylint: disable=g-import-not-at-top
+  model = None
+  for inputs, targets, mask in stream(split=split, repeat=False,
+                                      n_examples=n_examples,
+                                      batch_size=batch_size):
+    if model is None:
+      model = make_model((shapes.ShapeDtype(inputs.shape, np.int32),
+                          shapes.ShapeDtype((inputs.shape[0], 1), np.int32)))
+    predictions = decoding.decode(
+        model, inputs, max_length=targets.shape[1], method='greedy',
+        eos_id=EOS_ID, pad_id=arithmetic.PAD_ID,
+        input_length=inputs.shape[1], progress=progress)
+    yield inputs, targets, mask, np.asarray(predictions)
+
+
 @gin.configurable(module='terraformer', denylist=['model_fn', 'weights'])
 def evaluate_cell(model_fn, weights, stream=arithmetic.arithmetic_stream,
                   splits=('validation', 'ood'), n_examples=256,
@@ -118,9 +152,7 @@ def evaluate_cell(model_fn, weights, stream=arithmetic.arithmetic_stream,
   Args:
     model_fn: the trained gin model function (encoder-decoder contract).
     weights: its trained weights.
-    stream: data stream function, called as `stream(split=, repeat=False,
-      n_examples=, batch_size=)` (other settings from gin); its targets end
-      with EOS.
+    stream: data stream function (see `greedy_decodes`).
     splits: splits scored: 'validation' (training lengths, a sanity check)
       and 'ood' (the table).
     n_examples: examples decoded per split (the same ones on every call).
@@ -128,27 +160,21 @@ def evaluate_cell(model_fn, weights, stream=arithmetic.arithmetic_stream,
     progress: show a per-token progress bar.
 
   Returns:
-    {split: Score}. Each row is decoded for up to the stream's target length
-    (the longest possible target, EOS included), so a model that does not
-    stop gets extra tokens counted as errors.
+    {split: Score}. A model that does not stop gets extra tokens counted as
+    errors.
   """
-  from terraformer.decoding import search as decoding  # pylint: disable=g-import-not-at-top
-  from trax import shapes  # pylint: disable=g-import-not-at-top
+  models = []
+
+  def make_model(signature):  # One predict model for every split.
+    if not models:
+      models.append(predict_model(model_fn, weights, signature))
+    return models[0]
+
   scores = {}
-  model = None
   for split in splits:
     score = EMPTY_SCORE
-    for inputs, targets, mask in stream(split=split, repeat=False,
-                                        n_examples=n_examples,
-                                        batch_size=batch_size):
-      if model is None:
-        model = predict_model(model_fn, weights, (
-            shapes.ShapeDtype(inputs.shape, np.int32),
-            shapes.ShapeDtype((inputs.shape[0], 1), np.int32)))
-      predictions = decoding.decode(
-          model, inputs, max_length=targets.shape[1], method='greedy',
-          eos_id=EOS_ID, pad_id=arithmetic.PAD_ID,
-          input_length=inputs.shape[1], progress=progress)
+    for _, targets, mask, predictions in greedy_decodes(
+        make_model, split, stream, n_examples, batch_size, progress):
       score += score_batch(predictions, targets, mask)
     scores[split] = score
   return scores
