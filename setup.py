@@ -15,7 +15,7 @@ def _xla_ffi_include():
   return include if os.path.isdir(include) else None
 
 
-# The fused decode kernels (terraformer/kernels, issue 22), called through
+# The fused decode kernels (terraformer/kernels), called through
 # jax.ffi: a plain shared library loaded with ctypes. Optional: without a
 # compiler or the headers the install goes on and decoding keeps XLA's path.
 _include = _xla_ffi_include()

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Long-range recall runs (issue 21, docs/long-input-quality.md), one after
+# Long-range recall runs (docs/long-input-quality.md), one after
 # another, niced; rerunning resumes each from its checkpoint.
 #   bash scripts/long_range_recall_queue.sh full:0 blockwise:0 pyramidion:1 lm_cst:0 ...
 # NAME is a gin/long_input/NAME.gin; SEED sets the init and the training

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Sparse vs dense past the plateau (issue 21, docs/sparse-vs-dense.md): tiny
+# Sparse vs dense past the plateau (docs/sparse-vs-dense.md): tiny
 # LMs to 5000 steps, one after another, niced; rerunning resumes each.
 #   bash scripts/sparse_vs_dense_queue.sh lm_dense:0 lm_sparse:0 lm_dense:1 lm_sparse:1 \
 #     lm_sparse_ff_qkv:0 lm_sparse_ff:0 lm_sparse_qkv:0 terraformer_pretrain:0 terraformer_pretrain_dense:0

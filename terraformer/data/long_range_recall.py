@@ -1,4 +1,4 @@
-"""Long-range recall: split key -> value facts in papers filler (issue 21).
+"""Long-range recall: split key -> value facts in papers filler.
 
 A synthetic encoder-decoder task that a model can only solve by relating
 tokens far apart. Each example is `input_len` tokens of real text from the

@@ -17,7 +17,7 @@ Any model following the project's predict contract works: enc-dec models
 (`n_in == 2`) are called with `(inputs [B, L], prev_token [B, 1])`, the
 first call running the encoder; decoder-only LMs with `prev_token [B, 1]`.
 
-Fused kernels (issue 22, `terraformer/kernels`): the gin switch
+Fused kernels (`terraformer/kernels`): the gin switch
 `decode_options.kernels` ('xla' default, or 'ffi') makes the step call
 C++ kernels through XLA's FFI for the sparse FF block, the multiplicative
 dense layers (sparse QKV, sparse loss) and dense layers; 'ffi' falls back

@@ -1,4 +1,4 @@
-"""Fused C++ decode kernels called through XLA's FFI (issue 22).
+"""Fused C++ decode kernels called through XLA's FFI.
 
 `decode_kernels.cc` is compiled by `pip install -e .` (setup.py) into
 `_decode_kernels*.so` next to this file. It is loaded with ctypes and its

@@ -1,5 +1,5 @@
 // Fused CPU kernels for the batch-1 decoding step, called from jitted JAX
-// code through XLA's FFI (jax.ffi.ffi_call; issue 22).
+// code through XLA's FFI (jax.ffi.ffi_call).
 //
 //   tf_skinny_matmul:  y[t, s*N + n] = sum_k x[t,k] g[s,k] c[k] W[k,n] (+ b)
 //     A few rows times a wide matrix: the multiplicative dense layer of

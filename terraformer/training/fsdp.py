@@ -467,7 +467,7 @@ class FsdpLoop:
     Evals before checkpoints (Trax's Loop.run saves first; `_Checkpointed
     Loop` defers its saves the same way): evaluating draws from the rng, so
     the checkpoint must hold the rng of after the evals for a resumed run to
-    draw what the uninterrupted one does (issue 23). A crash during the
+    draw what the uninterrupted one does. A crash during the
     evals resumes from the checkpoint before.
     """
     if self._chief:

@@ -231,7 +231,7 @@ class _CheckpointedLoop(training.Loop):
     # the loop's rng (`new_rng` per eval batch): a checkpoint taken there
     # holds the rng of before the evals, and a run resumed from it draws
     # other numbers (sparse FF noise, dropout) than the uninterrupted run
-    # (issue 23). At a step with evals the saves wait for them (`run_evals`):
+    # does. At a step with evals the saves wait for them (`run_evals`):
     # checkpoint and history then include the step's evals; a crash during
     # them resumes from the checkpoint before.
     if self._evals_pending():

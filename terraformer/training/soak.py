@@ -20,7 +20,7 @@ line per kill and a summary; exits 0 only if every check passed.
 
 The default config (tiny/soak.gin: a dense LM without dropout) draws no
 random numbers while training, so it cannot show a resume that restores the
-wrong rng (issue 23: the checkpoint of an eval step held the rng of before
+wrong rng (as when the checkpoint of an eval step held the rng of before
 the evals). `--random_draws` soaks the same LM with sparse FF, QKV and loss
 and dropout 0.1 (`RANDOM_DRAWS`): every step then draws from the loop's rng.
 `--config` adds gin bindings (repeatable), to both runs.

@@ -1,4 +1,4 @@
-"""Tests for terraformer.data.long_range_recall (issue 21)."""
+"""Tests for terraformer.data.long_range_recall."""
 import itertools
 import os
 

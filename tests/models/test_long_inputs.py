@@ -1,4 +1,4 @@
-"""Long-input mechanisms inside the models (issue 11): encoder pooling
+"""Long-input mechanisms inside the models: encoder pooling
 (Transpooler / Pyramidion), blockwise and composite slice attention."""
 import jax
 import numpy as np

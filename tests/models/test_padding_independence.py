@@ -3,7 +3,7 @@
 The same real input tokens, padded to two lengths (and, in one batch, a
 second example of another real length), must give the same logits (<= 1e-5)
 in eval and in predict mode, for the Terraformer (full attention) and the
-encoder-decoder ScalingTransformer (dense and sparse QKV). Issue 10, point 2.
+encoder-decoder ScalingTransformer (dense and sparse QKV).
 """
 import jax
 import numpy as np

@@ -167,9 +167,9 @@ def test_trains_on_8k_token_inputs_with_bounded_memory(tmp_path):
 
 
 def test_lsh_evaluation_is_deterministic():
-  """Two eval calls on the same batch give identical logits (issue 10, 3);
-  with lsh_eval_seed=None the hashing keys in the state advance and the
-  logits differ."""
+  """Two eval calls on the same batch give identical logits when
+  lsh_eval_seed fixes the hashing keys; with lsh_eval_seed=None the hashing
+  keys in the state advance and the logits differ."""
   inputs, targets = _tokens((2, 16), 11), _tokens((2, 8), 12)
   outputs = {}
   for seed in (0, None):

@@ -1,4 +1,4 @@
-"""Resume sweep: N steps + N steps == 2N straight, bit-exact (issue 23).
+"""Resume sweep: N steps + N steps == 2N straight, bit-exact.
 
 For each tiny training config in gin/ (at the smallest sizes that still
 exercise its layers, through gin bindings), `terraformer.train` runs 3 steps
