@@ -137,42 +137,39 @@ def _measured_line(data, table):
   return line + (f' ({"; ".join(extra)})' if extra else '') + '.'
 
 
+def _lookup(results, ref, kind, what):
+  """results/<name>.json's `kind` entry (tables/figures) `<name>/<id>`."""
+  name, _, key = ref.partition('/')
+  if name not in results:
+    raise ResultsError(f'unknown {what} {ref!r}: no results/{name}.json')
+  entries = results[name].get(kind, {})
+  if key not in entries:
+    raise ResultsError(
+        f'unknown {what} {ref!r}: results/{name}.json has {kind} '
+        f'{", ".join(sorted(entries)) or "(none)"}')
+  return results[name], entries[key]
+
+
 def render_table_block(results, key):
   """The body of a `<name>/<table_id>` block."""
-  name, _, table_id = key.partition('/')
-  if name not in results:
-    raise ResultsError(f'unknown results block {key!r}: no results/{name}.json')
-  tables = results[name].get('tables', {})
-  if table_id not in tables:
-    raise ResultsError(
-        f'unknown results block {key!r}: results/{name}.json has tables '
-        f'{", ".join(sorted(tables)) or "(none)"}')
-  table = tables[table_id]
+  data, table = _lookup(results, key, 'tables', 'results block')
   columns, rows = table.get('columns'), table.get('rows')
   if not columns or not isinstance(rows, list) or any(
       len(r) != len(columns) for r in rows):
     raise ResultsError(
-        f'results/{name}.json: table {table_id!r} needs "columns" and "rows" '
-        'of that many cells')
+        f'results/{key.partition("/")[0]}.json: table '
+        f'{key.partition("/")[2]!r} needs "columns" and "rows" of that many '
+        'cells')
   body = []
   if table.get('caption'):
     body += [_cell(table['caption']), '']
-  body += [markdown_table(columns, rows), '',
-           _measured_line(results[name], table)]
+  body += [markdown_table(columns, rows), '', _measured_line(data, table)]
   return '\n'.join(body) + '\n'
 
 
 def figure(results, ref):
   """The figure `<name>/<figure_id>` of the results files."""
-  name, _, figure_id = ref.partition('/')
-  if name not in results:
-    raise ResultsError(f'unknown figure {ref!r}: no results/{name}.json')
-  figures = results[name].get('figures', {})
-  if figure_id not in figures:
-    raise ResultsError(
-        f'unknown figure {ref!r}: results/{name}.json has figures '
-        f'{", ".join(sorted(figures)) or "(none)"}')
-  return figures[figure_id]
+  return _lookup(results, ref, 'figures', 'figure')[1]
 
 
 def _page_link(page):
