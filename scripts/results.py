@@ -11,8 +11,8 @@ generated blocks whose bodies only this script writes:
 
 Usage (stdlib only, any Python 3):
 
-  scripts/results.py [render] [--root DIR]    fill every block (writes)
-  scripts/results.py --check [--root DIR]     exit 1 listing the blocks that differ
+  scripts/results.py [render] [--root DIR] [PAGE ...]   fill every block (writes)
+  scripts/results.py --check [--root DIR] [PAGE ...]    exit 1 listing the blocks that differ
   scripts/results.py record NAME --table ID=PATH.json [--table ...]
       [--figure ID=VALUE ...] [--caption ID=TEXT ...] [--columns ID=a,b,...]
       [--command TEXT] [--short_command TEXT] [--cost TEXT] [--root DIR]
@@ -64,13 +64,15 @@ class ResultsError(Exception):
 
 
 def _load_json(path):
+  where = os.path.relpath(path) if os.path.abspath(path).startswith(
+      os.getcwd() + os.sep) else path
   try:
     with open(path, encoding='utf-8') as f:
       return json.load(f)
   except json.JSONDecodeError as e:
-    raise ResultsError(f'{path}: not JSON ({e})') from None
+    raise ResultsError(f'{where}: not JSON ({e})') from None
   except OSError as e:
-    raise ResultsError(f'{path}: {e.strerror}') from None
+    raise ResultsError(f'{where}: {e.strerror}') from None
 
 
 def _results_dir(root):
@@ -96,7 +98,7 @@ def pages(root):
   """README.md and docs/*.md under `root`, those that exist."""
   found = [os.path.join(root, 'README.md')]
   found += sorted(glob.glob(os.path.join(root, 'docs', '*.md')))
-  return [p for p in found if os.path.isfile(p)]
+  return [os.path.normpath(p) for p in found if os.path.isfile(p)]
 
 
 # ---------------------------------------------------------------------------
@@ -221,12 +223,21 @@ def render_text(text, results, root, where):
   return new, keys
 
 
-def render(root, check=False, out=None):
-  """Fills (or, with check, compares) every block; returns the exit code."""
+def render(root, check=False, out=None, only=None):
+  """Fills (or, with check, compares) every block of the pages (or of those
+  in `only`, paths relative to root); returns the exit code."""
   out = out or sys.stdout
   results = load_results(root)
   stale, count = [], 0
-  for path in pages(root):
+  chosen = pages(root)
+  if only:
+    wanted = {os.path.normpath(os.path.join(root, p)) for p in only}
+    unknown = wanted - set(chosen)
+    if unknown:
+      raise ResultsError(
+          f'not README.md or docs/*.md: {", ".join(sorted(unknown))}')
+    chosen = [p for p in chosen if p in wanted]
+  for path in chosen:
     with open(path, encoding='utf-8') as f:
       text = f.read()
     where = os.path.relpath(path, root)
@@ -431,6 +442,8 @@ def _parser_render():
   p.add_argument('--check', action='store_true',
                  help='write nothing; exit 1 if a block differs')
   p.add_argument('--root', default=ROOT)
+  p.add_argument('pages', nargs='*',
+                 help='only these pages (e.g. README.md docs/ood.md)')
   return p
 
 
@@ -449,7 +462,7 @@ def main(argv=None):
     if argv and argv[0] == 'render':
       argv = argv[1:]
     args = _parser_render().parse_args(argv)
-    return render(args.root, check=args.check)
+    return render(args.root, check=args.check, only=args.pages)
   except ResultsError as e:
     print(f'{PROG}: error: {e}', file=sys.stderr)
     return EXIT_USAGE
