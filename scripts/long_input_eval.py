@@ -49,7 +49,7 @@ def main(argv):
   import jax  # pylint: disable=g-import-not-at-top
   import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
   from trax import shapes  # pylint: disable=g-import-not-at-top
-  from terraformer.evaluation import rouge as evaluation  # pylint: disable=g-import-not-at-top
+  from terraformer.loading import model as loading_model  # pylint: disable=g-import-not-at-top
   config.parse_gin(FLAGS.config_file, FLAGS.config)
   model_fn = _reference('terraformer.train.model')
   stream = iter(_reference('terraformer.train.eval_stream')())
@@ -59,8 +59,8 @@ def main(argv):
   signature = (shapes.ShapeDtype(x.shape, x.dtype),
                shapes.ShapeDtype(y.shape, y.dtype))
   signature = signature[0] if lm else signature
-  model, step = evaluation.load_model(model_fn, FLAGS.output_dir, 'eval',
-                                      signature)
+  model, step = loading_model.load_model(model_fn, FLAGS.output_dir, 'eval',
+                                         signature)
   forward = jax.jit(model.pure_fn)
   correct = total = exact = n = 0
   for x, y, w in batches:

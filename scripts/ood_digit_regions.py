@@ -49,7 +49,7 @@ def main(argv):
   common.setup()
   from terraformer.data import arithmetic  # pylint: disable=g-import-not-at-top
   from terraformer.evaluation import ood  # pylint: disable=g-import-not-at-top
-  from terraformer.evaluation import rouge  # pylint: disable=g-import-not-at-top
+  from terraformer.loading import model as loading_model  # pylint: disable=g-import-not-at-top
   _, path = ood.cell_config_file(FLAGS.cell, config_lib.GIN_DIR)
   config_lib.parse_gin([path], FLAGS.config)
   model_fn = gin.query_parameter('terraformer.train.model')
@@ -59,8 +59,8 @@ def main(argv):
   steps = []
 
   def make_model(signature):
-    model, step = rouge.load_model(model_fn, FLAGS.output_dir, 'predict',
-                                   signature)
+    model, step = loading_model.load_model(model_fn, FLAGS.output_dir,
+                                           'predict', signature)
     steps.append(step)
     return model
 

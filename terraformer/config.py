@@ -3,10 +3,14 @@
 Every experiment constant lives in a gin file (`gin/`); this module is the
 one place that reads them: `parse_gin` (with the repository's gin/ folder on
 the include path, errors as one `TerraformerError` line),
-`register_configurables` (imports the modules whose `@gin.configurable`s the
-files bind) and `model_from_config` (the model function bound to
+`register_configurables` (imports Trax's modules whose `@gin.configurable`s
+the files bind) and `model_from_config` (the model function bound to
 `terraformer.train.model`). CLIs, the OOD harness and the benchmarks build
-their models through it without importing the trainer.
+their models through it.
+
+Our own configurables (models, layers, data, the trainer, ...) sit on floors
+above this module: the programs that read gin files register them
+(`terraformer.cli.configurables`), since one file serves several programs.
 """
 import importlib
 import logging
@@ -16,15 +20,11 @@ import gin
 
 from terraformer import errors
 
-# Modules whose import registers gin configurables (Trax's first, as in
-# `trax/trainer.py`, then ours).
-CONFIGURABLE_MODULES = (
-    'trax.models', 'trax.optimizers', 'trax.supervised.lr_schedules',
-    'terraformer.layers', 'terraformer.models', 'terraformer.data',
-    'terraformer.training.loop', 'terraformer.benchmarks.param_count',
-    'terraformer.evaluation.rouge',  # text_vocab, bound in the gin files.
-    'terraformer.benchmarks.decode_speed',  # bench_weights.
-)
+# Trax's modules whose import registers the gin configurables of Trax that
+# the files bind (its models, optimizers, learning-rate schedules), as
+# `trax/trainer.py` imports them before parsing.
+TRAX_CONFIGURABLE_MODULES = (
+    'trax.models', 'trax.optimizers', 'trax.supervised.lr_schedules')
 
 # The repository's gin/ folder: `include 'scaling_800m/base.gin'` resolves
 # against it (and against each config file's folder and that folder's parent).
@@ -33,8 +33,8 @@ GIN_DIR = os.path.join(os.path.dirname(os.path.dirname(
 
 
 def register_configurables():
-  """Imports every module that registers gin configurables."""
-  for name in CONFIGURABLE_MODULES:
+  """Imports Trax's modules that register gin configurables."""
+  for name in TRAX_CONFIGURABLE_MODULES:
     importlib.import_module(name)
 
 

@@ -1,7 +1,8 @@
 """The package's layout (CONTRIBUTING.md): imports only point down, no circles.
 
-Reads each module's `terraformer` imports (top-level and inside functions)
-with `ast`; nothing is imported or run.
+Reads each module's `terraformer` imports (top-level and inside functions,
+and the module names written as strings in `importlib.import_module('...')`
+and `__import__('...')` calls) with `ast`; nothing is imported or run.
 """
 import ast
 import os
@@ -17,7 +18,7 @@ FLOORS = {
     'cli': 8,
     'benchmarks': 7, 'evaluation': 7, '__init__': 7,
     'training': 6, 'runtime': 6,
-    'trax_bridge': 5,
+    'trax_bridge': 5, 'loading': 5,
     'decoding': 4, 'data': 4,
     'checkpoint': 3, 'models': 3, 'kernels': 3,
     'layers': 2, 'config': 2, 'distributed': 2,
@@ -27,37 +28,51 @@ FLOORS = {
 FILE_FLOORS = {'trax_bridge/compat': 1}
 
 
-def _modules():
+# Calls that import the module named by their first argument.
+STRING_IMPORTS = ('import_module', '__import__')
+
+
+def _imported_names(tree):
+  """Dotted names that the module `tree` imports (statements and strings)."""
+  for node in ast.walk(tree):
+    if isinstance(node, ast.Import):
+      yield from (a.name for a in node.names)
+    elif isinstance(node, ast.ImportFrom) and node.module:
+      yield from (f'{node.module}.{a.name}' for a in node.names)
+    elif isinstance(node, ast.Call) and node.args:
+      func = node.func
+      called = func.attr if isinstance(func, ast.Attribute) else getattr(
+          func, 'id', None)
+      first = node.args[0]
+      if (called in STRING_IMPORTS and isinstance(first, ast.Constant)
+          and isinstance(first.value, str)):
+        yield first.value
+
+
+def _modules(package=PACKAGE):
   """{'dir/file' (no .py): set of imported 'dir/file' of this package}."""
   modules = {}
-  for folder, _, files in os.walk(PACKAGE):
+  for folder, _, files in os.walk(package):
     for name in files:
       if not name.endswith('.py'):
         continue
       path = os.path.join(folder, name)
-      key = os.path.relpath(path, PACKAGE)[:-3]
+      key = os.path.relpath(path, package)[:-3]
       with open(path) as f:
         tree = ast.parse(f.read())
       imported = set()
-      for node in ast.walk(tree):
-        if isinstance(node, ast.Import):
-          names = [a.name for a in node.names]
-        elif isinstance(node, ast.ImportFrom) and node.module:
-          names = [f'{node.module}.{a.name}' for a in node.names]
-        else:
+      for full in _imported_names(tree):
+        parts = full.split('.')
+        if parts[0] != 'terraformer':
           continue
-        for full in names:
-          parts = full.split('.')
-          if parts[0] != 'terraformer':
-            continue
-          for n in range(len(parts), 1, -1):  # Longest existing module.
-            candidate = '/'.join(parts[1:n])
-            if os.path.isfile(os.path.join(PACKAGE, candidate + '.py')):
-              imported.add(candidate)
-              break
-            if os.path.isdir(os.path.join(PACKAGE, candidate)):
-              imported.add(candidate + '/__init__')
-              break
+        for n in range(len(parts), 1, -1):  # Longest existing module.
+          candidate = '/'.join(parts[1:n])
+          if os.path.isfile(os.path.join(package, candidate + '.py')):
+            imported.add(candidate)
+            break
+          if os.path.isdir(os.path.join(package, candidate)):
+            imported.add(candidate + '/__init__')
+            break
       modules[key] = imported - {key}
   return modules
 
@@ -71,15 +86,22 @@ def _floor(module):
   return FLOORS[room]
 
 
-def test_imports_only_point_down():
+def _upward(modules):
+  """'module (floor) -> imported (floor)' of each import that does not point
+  down."""
   up = []
-  for module, imported in sorted(_modules().items()):
+  for module, imported in sorted(modules.items()):
     for other in sorted(imported):
       same_room = module.split('/')[0] == other.split('/')[0]
       if other.endswith('__init__') and not same_room:
         continue  # A package's face (hands names on); its files are checked.
       if not same_room and _floor(other) >= _floor(module):
         up.append(f'{module} ({_floor(module)}) -> {other} ({_floor(other)})')
+  return up
+
+
+def test_imports_only_point_down():
+  up = _upward(_modules())
   assert not up, 'imports that do not point down:\n' + '\n'.join(up)
 
 
@@ -112,3 +134,20 @@ def test_the_checks_see_an_upward_import_and_a_circle(monkeypatch):
     test_imports_only_point_down()
   with pytest.raises(AssertionError, match='import circles'):
     test_no_import_circles()  # loop -> ... -> layers/ops -> loop.
+
+
+@pytest.mark.parametrize('line', [
+    "importlib.import_module('terraformer.training.loop')",
+    "import_module('terraformer.training.loop')",
+    "__import__('terraformer.training.loop')",
+])
+def test_a_module_imported_by_its_name_is_an_import(tmp_path, line):
+  """An import written as a string (e.g. a list of modules to register)
+  points up as much as an import statement does."""
+  for path, text in (('layers/ops.py', f'import importlib\n{line}\n'),
+                     ('training/loop.py', '')):
+    (tmp_path / path).parent.mkdir(exist_ok=True)
+    (tmp_path / path).write_text(text)
+  modules = _modules(str(tmp_path))
+  assert modules['layers/ops'] == {'training/loop'}
+  assert _upward(modules) == ['layers/ops (2) -> training/loop (6)']

@@ -15,6 +15,7 @@ from absl import flags
 from terraformer import config
 from terraformer import errors
 from terraformer import runtime
+from terraformer.cli import configurables
 
 EXIT_USAGE = 2
 
@@ -38,7 +39,7 @@ def define_config_flags(flag_values):
 def setup():
   """Registers all gin configurables, the import noise of Trax/TF hidden."""
   with runtime.quiet():
-    config.register_configurables()
+    configurables.register()
 
 
 def check_output_dir(path):

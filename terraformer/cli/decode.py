@@ -136,12 +136,12 @@ def _warn(message):
 def _encode(vocab, texts, encoder_decoder, input_len, max_length, limit,
             truncate):
   """Token lists of the inputs, checked against the length limits."""
-  from terraformer.evaluation import rouge as evaluation  # pylint: disable=g-import-not-at-top
+  from terraformer.loading import vocab as loading_vocab  # pylint: disable=g-import-not-at-top
   rows = []
   for i, text in enumerate(texts):
     where = f'input {i + 1}' if len(texts) > 1 else 'the input'
     if encoder_decoder:
-      ids, cut = evaluation.encode_input(vocab, text, input_len)
+      ids, cut = loading_vocab.encode_input(vocab, text, input_len)
       length, room = len(ids) + cut, input_len
     else:
       ids = list(vocab.encode(text))
@@ -166,16 +166,17 @@ def _decode(flag_values):
   from trax import shapes  # pylint: disable=g-import-not-at-top
   import numpy as np  # pylint: disable=g-import-not-at-top
   from terraformer.decoding import search as decoding  # pylint: disable=g-import-not-at-top
-  from terraformer.evaluation import rouge as evaluation  # pylint: disable=g-import-not-at-top
+  from terraformer.loading import model as loading_model  # pylint: disable=g-import-not-at-top
+  from terraformer.loading import vocab as loading_vocab  # pylint: disable=g-import-not-at-top
 
   texts = read_inputs(flag_values)
   config.require_bindings('terraformer.text_vocab', ['vocab_size'])
   model_fn = config.model_from_config()
-  vocab = evaluation.text_vocab()
+  vocab = loading_vocab.text_vocab()
   probe = model_fn(mode='predict')
   encoder_decoder = decoding.is_encoder_decoder(probe)
   limit = decoding.model_max_length(probe)
-  bound_input, bound_target = evaluation.training_lengths()
+  bound_input, bound_target = loading_vocab.training_lengths()
   max_length = (flag_values.max_length or
                 (bound_target if encoder_decoder else None) or 128)
   input_len = None
@@ -198,8 +199,8 @@ def _decode(flag_values):
   token = shapes.ShapeDtype((batch, 1), np.int32)
   signature = ((shapes.ShapeDtype((batch, input_len), np.int32), token)
                if encoder_decoder else token)
-  model, step = evaluation.load_model(model_fn, flag_values.output_dir,
-                                      'predict', signature)
+  model, step = loading_model.load_model(model_fn, flag_values.output_dir,
+                                         'predict', signature)
   kwargs = dict(max_length=max_length, method=flag_values.method,
                 temperature=flag_values.temperature, top_k=flag_values.top_k,
                 top_p=flag_values.top_p, beam_size=flag_values.beam_size,
@@ -212,7 +213,7 @@ def _decode(flag_values):
                                     progress=len(rows) > batch, **kwargs)
   seconds = time.time() - start
   for ids in outputs:
-    print(evaluation.detokenize(vocab, ids).replace('\n', ' '), flush=True)
+    print(loading_vocab.detokenize(vocab, ids).replace('\n', ' '), flush=True)
   n_tokens = sum(len(o) for o in outputs)
   print(f'{PROG}: {len(rows)} input(s), {n_tokens} tokens in {seconds:.2f} s '
         f'({1000 * seconds / max(n_tokens, 1):.1f} ms/token, compilation '

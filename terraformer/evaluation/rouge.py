@@ -18,8 +18,7 @@ temperature 0.5, see `terraformer.decoding.search`), and reports
     reference's) and 3 random sentences of the article (fixed seed).
 
 It writes one JSON line per example and a summary JSON into the checkpoint
-directory. Also here: `text_vocab` (gin: `terraformer.text_vocab`, bound to
-the gin files' `VOCAB_SIZE`/`VOCAB_PATH` macros) and `load_model`.
+directory. The vocabulary and the checkpoint come from `terraformer.loading`.
 """
 import itertools
 import json
@@ -32,114 +31,17 @@ import gin
 import jax
 import jax.numpy as jnp
 import numpy as np
-from rouge_score import rouge_scorer
-from trax import layers as tl
 from trax import shapes
 import tqdm
 
 from terraformer import config
-from terraformer.checkpoint import format as checkpoint_format
 from terraformer.decoding import search as decoding
 from terraformer import errors
 from terraformer.data import aclsum_papers
-from terraformer.data import vocab as vocab_lib
+from terraformer.loading import model as loading_model
+from terraformer.loading import vocab as loading_vocab
 
 ROUGE_TYPES = ('rouge1', 'rouge2', 'rougeLsum', 'rougeL')
-
-
-# --- Vocabulary, checkpoints, models ---------------------------------------
-
-@gin.configurable(module='terraformer')
-def text_vocab(vocab_size=gin.REQUIRED, vocab_path=None, papers_dir=None):
-  """The SentencePiece vocab of a gin config (`terraformer.get_vocab`).
-
-  Gin files bind `text_vocab.vocab_size = %VOCAB_SIZE` (and `vocab_path =
-  %VOCAB_PATH` where the config has a user vocab), so decoding and
-  evaluation tokenize as the data pipeline did.
-  """
-  return vocab_lib.get_vocab(vocab_size, vocab_path, papers_dir)
-
-
-def checkpoint_path(output_dir):
-  """`output_dir/model.pkl.gz`; TerraformerError if it is missing."""
-  return checkpoint_format.checkpoint_file(
-      output_dir, what=None if output_dir else '--output_dir',
-      hint='; train one with terraformer-train --output_dir=...')
-
-
-def load_model(model_fn, output_dir, mode, signature):
-  """Builds `model_fn(mode=mode)` with the weights of the checkpoint.
-
-  The weights are placed by the model's weight signature (no random init);
-  the state is fresh (empty predict caches).
-
-  Returns:
-    (model, step of the checkpoint).
-  """
-  path = checkpoint_path(output_dir)
-  model = model_fn(mode=mode)
-  flat, step = checkpoint_format.load_flat_weights(path)
-  weights_sig = decoding.weights_signature(model, signature)
-  n_expected = len(tl.flatten_weights_and_state(weights_sig, ())[0])
-  if len(flat) != n_expected:
-    raise errors.TerraformerError(
-        f'checkpoint {path} has {len(flat)} weight arrays, the configured '
-        f'model {n_expected}: was it trained with this config?')
-  weights, _ = tl.unflatten_weights_and_state(
-      flat, (), (weights_sig, ()), weights_only=True)
-  for got, want in zip(jax.tree_util.tree_leaves(weights),
-                       jax.tree_util.tree_leaves(weights_sig)):
-    if tuple(got.shape) != tuple(want.shape):
-      raise errors.TerraformerError(
-          f'checkpoint {path}: weight of shape {tuple(got.shape)} where the '
-          f'configured model has {tuple(want.shape)}: was it trained with '
-          'this config?')
-  return with_weights(model, weights, signature), step
-
-
-def with_weights(model, weights, signature):
-  """Gives an uninitialized `model` these weights and a fresh state."""
-  model.state = decoding.initial_state(model, signature)
-  model.weights = jax.tree_util.tree_map(jnp.asarray, weights)
-  return model
-
-
-def _bound(*names):
-  """The first gin binding among `names` (e.g. 'seq2seq_stream.input_len')."""
-  for name in names:
-    for scope in ('', 'train/'):
-      try:
-        value = gin.query_parameter(scope + name)
-      except ValueError:
-        continue
-      # A macro (`input_len = %INPUT_LEN`) is a reference: its value.
-      while (isinstance(value, gin.config.ConfigurableReference)
-             and value.evaluate):
-        value = value.scoped_configurable_fn()
-      return value
-  return None
-
-
-def training_lengths():
-  """(input_len, target_len) of the gin-bound seq2seq data (or None)."""
-  streams = ('summarization_stream', 'seq2seq_stream', 'c4_stream')
-  return (_bound(*(f'{s}.input_len' for s in streams)),
-          _bound(*(f'{s}.target_len' for s in streams)))
-
-
-def encode_input(vocab, text, input_len):
-  """Tokens of an encoder input as in training: ids + EOS, cut to input_len.
-
-  Returns (tokens, number of tokens cut off).
-  """
-  ids = list(vocab.encode(text)) + [vocab.eos_id]
-  return ids[:input_len], max(0, len(ids) - input_len)
-
-
-def detokenize(vocab, ids):
-  """Text of decoded ids; ids past the text vocab (e.g. the sentinels of
-  the masked-word objective, appended after it) are dropped."""
-  return vocab.decode([i for i in ids if 0 <= i < vocab.vocab_size])
 
 
 # --- Examples ---------------------------------------------------------------
@@ -215,13 +117,29 @@ def sentence_splitter_name():
   return 'nltk.punkt' if _nltk_sentences() else 'simple (regex)'
 
 
+def new_scorer(use_stemmer=True):
+  """`rouge-score`'s scorer of `ROUGE_TYPES`.
+
+  Imported here, not with the module: every program that reads gin files
+  registers `terraformer.evaluate` (this module), and only scoring needs the
+  package (setup.py's `eval` extra).
+  """
+  try:
+    from rouge_score import rouge_scorer as scorer_lib  # pylint: disable=g-import-not-at-top
+  except ImportError:
+    raise errors.TerraformerError(
+        'ROUGE needs the rouge-score package: pip install -e ".[eval]"'
+    ) from None
+  return scorer_lib.RougeScorer(list(ROUGE_TYPES), use_stemmer=use_stemmer)
+
+
 def rouge_scores(prediction, reference, use_stemmer=True):
   """ROUGE-1/2/LSum/L F1 of one example, by `rouge-score`.
 
   Both texts are split into sentences, one per line, which only ROUGE-LSum
   uses (the other types tokenize the whole text).
   """
-  scorer = rouge_scorer.RougeScorer(list(ROUGE_TYPES), use_stemmer=use_stemmer)
+  scorer = new_scorer(use_stemmer)
   scores = scorer.score('\n'.join(split_sentences(reference)),
                         '\n'.join(split_sentences(prediction)))
   return {name: scores[name].fmeasure for name in ROUGE_TYPES}
@@ -389,10 +307,11 @@ def evaluate(output_dir, model=None, examples_fn=paper_pairs, split='test',
   """
   started = time.time()
   output_dir = os.path.expanduser(output_dir)
-  checkpoint_path(output_dir)
+  loading_model.checkpoint_path(output_dir)
+  new_scorer(use_stemmer)  # Before decoding: the scorer's package is there.
   model_fn = model or config.model_from_config()
-  vocab = text_vocab()
-  bound_input, bound_target = training_lengths()
+  vocab = loading_vocab.text_vocab()
+  bound_input, bound_target = loading_vocab.training_lengths()
   pairs = _examples(examples_fn, split, max_examples)
 
   probe = model_fn(mode='predict')
@@ -413,7 +332,7 @@ def evaluate(output_dir, model=None, examples_fn=paper_pairs, split='test',
 
   inputs, n_cut = [], 0
   for article, _ in pairs:
-    ids, cut = encode_input(vocab, article, input_len)
+    ids, cut = loading_vocab.encode_input(vocab, article, input_len)
     inputs.append(ids)
     n_cut += bool(cut)
   if n_cut:
@@ -422,8 +341,8 @@ def evaluate(output_dir, model=None, examples_fn=paper_pairs, split='test',
 
   predict_sig = (shapes.ShapeDtype((batch_size, input_len), np.int32),
                  shapes.ShapeDtype((batch_size, 1), np.int32))
-  predict_model, step = load_model(model_fn, output_dir, 'predict',
-                                   predict_sig)
+  predict_model, step = loading_model.load_model(
+      model_fn, output_dir, 'predict', predict_sig)
   decode_start = time.time()
   outputs = decoding.decode_batches(
       predict_model, inputs, batch_size=batch_size, progress=progress,
@@ -432,7 +351,7 @@ def evaluate(output_dir, model=None, examples_fn=paper_pairs, split='test',
       length_penalty=length_penalty, eos_id=vocab.eos_id, seed=seed,
       input_length=input_len)
   decode_seconds = time.time() - decode_start
-  predictions = [detokenize(vocab, ids) for ids in outputs]
+  predictions = [loading_vocab.detokenize(vocab, ids) for ids in outputs]
 
   references = [abstract for _, abstract in pairs]
   target_rows = [(list(vocab.encode(r)) + [vocab.eos_id])[:max_length]
@@ -441,8 +360,8 @@ def evaluate(output_dir, model=None, examples_fn=paper_pairs, split='test',
   targets, weights = _pad_rows(target_rows, max_length)
   eval_sig = (shapes.ShapeDtype((batch_size, input_len), np.int32),
               shapes.ShapeDtype((batch_size, max_length), np.int32))
-  eval_model = with_weights(model_fn(mode='eval'), predict_model.weights,
-                            eval_sig)  # Same weight tree in every mode.
+  eval_model = loading_model.with_weights(  # Same weights in every mode.
+      model_fn(mode='eval'), predict_model.weights, eval_sig)
   nll, counts = reference_log_probs(eval_model, enc, targets, weights,
                                     batch_size)
 

@@ -451,7 +451,7 @@ def flat_arrays(weights):
 def write_checkpoint(weights, output_dir, step=0, source=None):
   """Writes `weights` as a Loop checkpoint `output_dir/model.pkl.gz`.
 
-  terraformer-decode / -eval (`evaluation.load_model`) and
+  terraformer-decode / -eval (`terraformer.loading.model.load_model`) and
   `train(init_checkpoint=...)` read it. It is written atomically
   (`terraformer.checkpoint.format`), so a crash leaves no half checkpoint.
   """

@@ -34,7 +34,7 @@ def test_decode_rejects_binary_and_non_utf8_input_files(
 
 
 def test_decode_names_a_damaged_checkpoint_file(tmp_path):
-  from terraformer.evaluation import rouge as evaluation  # pylint: disable=g-import-not-at-top
+  from terraformer.loading import model as loading_model  # pylint: disable=g-import-not-at-top
   import trax  # pylint: disable=g-import-not-at-top
   path = tmp_path / 'model.pkl.gz'
   with gzip.open(path, 'wb') as f:
@@ -43,8 +43,8 @@ def test_decode_names_a_damaged_checkpoint_file(tmp_path):
       tiny_lm.VOCAB, d_model=16, d_ff=32, n_layers=1, n_heads=2, mode=mode)
   with pytest.raises(TerraformerError, match=(
       f'^checkpoint file {tmp_path}/model.weights.npy.gz is missing$')):
-    evaluation.load_model(model_fn, str(tmp_path), 'eval', None)
+    loading_model.load_model(model_fn, str(tmp_path), 'eval', None)
   path.write_bytes(path.read_bytes()[:20])  # Truncated.
   with pytest.raises(TerraformerError, match=(
       f'^checkpoint file {path} is damaged or truncated')):
-    evaluation.load_model(model_fn, str(tmp_path), 'eval', None)
+    loading_model.load_model(model_fn, str(tmp_path), 'eval', None)

@@ -10,7 +10,7 @@ from trax import shapes
 import tiny_checkpoints
 from terraformer import config
 from terraformer.decoding import search as decoding
-from terraformer.evaluation import rouge as evaluation
+from terraformer.loading import vocab as loading_vocab
 from terraformer.cli import decode as decode_cli
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -41,7 +41,7 @@ def _oracle_predict_model(run, ckpt, signature):
   model = config.model_from_config()(mode='predict')
   model.init_from_file(os.path.join(ckpt, 'model.pkl.gz'), weights_only=True,
                        input_signature=signature)
-  return model, evaluation.text_vocab()
+  return model, loading_vocab.text_vocab()
 
 
 @pytest.mark.slow

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from terraformer import config
-from terraformer.evaluation import rouge as evaluation
+from terraformer.loading import model as loading_model
 from terraformer.cli import import_trax
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(
@@ -67,8 +67,8 @@ def test_imports_a_checkpoint_that_eval_and_decode_load(trax_checkpoint,
   assert sorted(os.listdir(out)) == ['model.pkl.gz']
   # Loaded as terraformer-decode / -eval load checkpoints.
   tokens = np.random.RandomState(0).randint(1, VOCAB, (2, 8)).astype(np.int32)
-  model, step = evaluation.load_model(config.model_from_config(), str(out),
-                                      'eval', tc.int_signature((2, 8)))
+  model, step = loading_model.load_model(config.model_from_config(), str(out),
+                                         'eval', tc.int_signature((2, 8)))
   assert step == 42
   np.testing.assert_allclose(np.asarray(model(tokens)),
                              np.asarray(trax_model(tokens)), atol=1e-4)

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from terraformer.decoding import search as decoding
-from terraformer.evaluation import rouge as evaluation
+from terraformer.loading import model as loading_model
 from terraformer.trax_bridge import checkpoint_import as trax_import
 from terraformer.errors import TerraformerError
 from terraformer.models import ScalingTransformer
@@ -71,8 +71,8 @@ def test_lm_import_matches_trax(variant, tmp_path):
   assert max_diff < 1e-4
 
   want_tokens = tc.trax_greedy_lm(trax_model, BATCH, LENGTH)
-  predict = evaluation.with_weights(_our_lm(variant, 'predict'), weights,
-                                    tc.int_signature((BATCH, 1)))
+  predict = loading_model.with_weights(_our_lm(variant, 'predict'), weights,
+                                       tc.int_signature((BATCH, 1)))
   got_tokens = decoding.decode(predict, max_length=LENGTH, batch_size=BATCH,
                                eos_id=None)
   np.testing.assert_array_equal(np.asarray(got_tokens), want_tokens)
@@ -139,7 +139,7 @@ def test_encoder_decoder_import_matches_trax(variant, tmp_path):
   assert max_diff < 1e-4
 
   want_tokens = tc.trax_greedy_encdec(trax_model, inputs, LENGTH)
-  predict = evaluation.with_weights(
+  predict = loading_model.with_weights(
       _our_encdec(variant, 'predict'), weights,
       tc.int_signature((BATCH, LENGTH), (BATCH, 1)))
   got_tokens = decoding.decode(predict, [list(inputs[0, :5]), list(inputs[1])],
@@ -204,7 +204,7 @@ def test_terraformer_import_matches_trax(variant, tmp_path):
   assert max_diff < 1e-4
 
   want_tokens = tc.trax_greedy_encdec(trax_model, inputs, LENGTH)
-  predict = evaluation.with_weights(
+  predict = loading_model.with_weights(
       _our_terraformer(variant, 'predict'), weights,
       tc.int_signature((BATCH, LENGTH), (BATCH, 1)))
   got_tokens = decoding.decode(predict, [list(inputs[0, :5]), list(inputs[1])],

@@ -1,0 +1,1 @@
+"""Loading: the config's vocabulary, and a trained checkpoint as a model."""
