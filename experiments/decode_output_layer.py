@@ -4,9 +4,14 @@ The dense output layer is one [1, d] x [d, V] product; the sparse loss
 (SparseLogits, S modules of M = V / S) is one [S, d] x [d, M] product: S times
 fewer weight bytes, the same d x V multiply-adds. Prints the median time of
 each (jitted, as the decode step runs it) and the rate in GB/s of weights
-read and in multiply-adds per second.
+read and in multiply-adds per second (docs/decoding-speed.md: why the sparse
+loss does not speed up the 17B step outside the decoder blocks on a CPU).
 
-  .venv/bin/python scripts/output_layer_dot.py [--d=9216] [--vocab=32100] [--s=4]
+  .venv/bin/python experiments/decode_output_layer.py [--d=9216] [--vocab=32100] [--s=4]
+
+Cost: seconds (17B dimensions by default); needs a quiet machine. It writes
+no JSON: results/decode_output_layer.json (table dot) is transcribed from
+its output.
 """
 import argparse
 import time

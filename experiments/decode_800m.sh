@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# Decoding speed of the 800M family and the Terraformer (Table 1;
+# docs/decoding-speed.md): the 24 + 24-layer encoder-decoders of
+# gin/scaling_800m/ (d_model 1024, vocab 32100) dense, with sparse FF + QKV
+# and with sparse FF + QKV + loss, and the Terraformer of
+# gin/terraformer/c4_800m.gin; random weights, batch 1, 8 tokens after a
+# 16-token prompt, 3 repeats, timed interleaved in one run (XLA path). Prints
+# ms/token, ms per decoder block, bytes read per token and the bound those
+# bytes give at the GEMV bandwidth measured in the run.
+#
+# Cost: about 0.2 core-hours on the 2-core CPU; needs a quiet machine (the
+# ratios move with load: compare them within one run).
+# Short version (2 tokens, 1 repeat; no results file):
+#   SHORT=1 bash experiments/decode_800m.sh
+# Writes OUT/bench.{txt,json}, OUT/models.json and results/decode_800m.json
+# (table models). Rerunning reuses OUT/bench.txt (delete it to re-time).
+#   bash experiments/decode_800m.sh [OUT]   (OUT: runs/experiments/decode_800m)
+NAME=decode_800m
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+
+timing=(--tokens=8 --repeats=3)
+[[ -n "$SHORT" ]] && timing=(--tokens=2 --repeats=1)
+banner "800M dense, sparse FF+QKV, sparse FF+QKV+loss, Terraformer"
+into "$out/bench.txt" .venv/bin/terraformer-bench \
+  --config_file=gin/scaling_800m/dense.gin \
+  --config_file=gin/scaling_800m/sparse_ff_qkv.gin \
+  --config_file=gin/scaling_800m/sparse_ff_qkv_loss.gin \
+  --config_file=gin/terraformer/c4_800m.gin "${timing[@]}" \
+  --json="$out/bench.json"
+.venv/bin/python experiments/cli_tables.py speed \
+  --out="$out/models.json" "$out/bench.json" \
+  --label=sparse_ff_qkv='sparse FF+QKV' \
+  --label=sparse_ff_qkv_loss='sparse FF+QKV+loss (S=4)' \
+  --label=c4_800m='Terraformer 800M' \
+  --paper=sparse_ff_qkv='2.62x (3.05x per block)' --paper=c4_800m='1.92x' \
+  --figure=ff_qkv='sparse FF+QKV:speedup' \
+  --figure=ff_qkv_per_block='sparse FF+QKV:per block' \
+  --figure=ff_qkv_loss='sparse FF+QKV+loss (S=4):speedup' \
+  --figure=terraformer='Terraformer 800M:speedup' > "$out/figures.txt"
+mapfile -t figures < "$out/figures.txt"
+record --table=models="$out/models.json" "${figures[@]/#/--figure=}"
+banner done "outputs in $out"

@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# FF sparsity N and loss sparsity S at 800M (Tables 2 and 7;
+# docs/decoding-speed.md): the 800M dense encoder-decoder
+# (gin/scaling_800m/dense.gin) and the same model with sparse FF of N = 16,
+# 32, 64, 128 (gin/bench/ff_sparsity_N.gin) or a sparse loss layer of S = 2,
+# 4, 8 modules (gin/bench/loss_sparsity_S.gin), timed in one run; random
+# weights, batch 1, 16 tokens after a 16-token prompt, 3 repeats.
+#
+# Cost: about 0.3 core-hours on the 2-core CPU; needs a quiet machine.
+# Short version (2 tokens, 1 repeat; no results file):
+#   SHORT=1 bash experiments/decode_800m_sparsity.sh
+# Writes OUT/bench.{txt,json}, OUT/sparsity.json and
+# results/decode_800m_sparsity.json (table sparsity). Rerunning reuses
+# OUT/bench.txt (delete it to re-time).
+#   bash experiments/decode_800m_sparsity.sh [OUT]
+#   (OUT: runs/experiments/decode_800m_sparsity)
+NAME=decode_800m_sparsity
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+
+timing=(--tokens=16 --repeats=3)
+[[ -n "$SHORT" ]] && timing=(--tokens=2 --repeats=1)
+configs=(--config_file=gin/scaling_800m/dense.gin)
+labels=()
+for n in 16 32 64 128; do
+  configs+=(--config_file=gin/bench/ff_sparsity_$n.gin)
+  labels+=(--label=ff_sparsity_$n="FF N=$n")
+done
+for s in 2 4 8; do
+  configs+=(--config_file=gin/bench/loss_sparsity_$s.gin)
+  labels+=(--label=loss_sparsity_$s="loss S=$s")
+done
+banner "800M dense, sparse FF N = 16...128, sparse loss S = 2, 4, 8"
+into "$out/bench.txt" .venv/bin/terraformer-bench "${configs[@]}" \
+  "${timing[@]}" --json="$out/bench.json"
+# The paper's decoding seconds per token: Table 7 (loss sparsity); Table 2
+# gives its FF sparsity rows as a trend.
+.venv/bin/python experiments/cli_tables.py speed \
+  --out="$out/sparsity.json" "$out/bench.json" "${labels[@]}" \
+  --columns='model,ms/token,MB/token,x bound,speedup,per block' \
+  --paper=dense='0.160 s' --paper=loss_sparsity_2='0.158 s (1.01x)' \
+  --paper=loss_sparsity_4='0.149 s (1.07x)' \
+  --paper=loss_sparsity_8='0.148 s (1.08x)' > "$out/figures.txt"
+mapfile -t figures < "$out/figures.txt"
+record --table=sparsity="$out/sparsity.json" "${figures[@]/#/--figure=}"
+banner done "outputs in $out"

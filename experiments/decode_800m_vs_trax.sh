@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# Our decoding step next to Trax 1.4.1's (docs/decoding-speed.md): the 800M
+# encoder-decoders of gin/scaling_800m/ (dense, sparse FF, sparse QKV, sparse
+# FF + QKV, sparse FF + QKV + loss) and, timed beside each in the same run,
+# Trax's `ConfigurableTransformer` with the same settings
+# (`terraformer-bench --compare_trax`); random weights, batch 1, 16 tokens
+# after a 16-token prompt, 3 repeats.
+#
+# Cost: about 0.3 core-hours on the 2-core CPU; needs a quiet machine.
+# Short version (2 tokens, 1 repeat; no results file):
+#   SHORT=1 bash experiments/decode_800m_vs_trax.sh
+# Writes OUT/bench.{txt,json}, OUT/vs_trax.json and
+# results/decode_800m_vs_trax.json (table vs_trax). Rerunning reuses
+# OUT/bench.txt (delete it to re-time).
+#   bash experiments/decode_800m_vs_trax.sh [OUT]
+#   (OUT: runs/experiments/decode_800m_vs_trax)
+NAME=decode_800m_vs_trax
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+
+timing=(--tokens=16 --repeats=3)
+[[ -n "$SHORT" ]] && timing=(--tokens=2 --repeats=1)
+banner "800M family, ours and Trax's ConfigurableTransformer"
+into "$out/bench.txt" .venv/bin/terraformer-bench \
+  --config_file=gin/scaling_800m/dense.gin \
+  --config_file=gin/scaling_800m/sparse_ff.gin \
+  --config_file=gin/scaling_800m/sparse_qkv.gin \
+  --config_file=gin/scaling_800m/sparse_ff_qkv.gin \
+  --config_file=gin/scaling_800m/sparse_ff_qkv_loss.gin \
+  --compare_trax "${timing[@]}" --json="$out/bench.json"
+.venv/bin/python experiments/cli_tables.py speed \
+  --out="$out/vs_trax.json" "$out/bench.json" \
+  --columns='model,ms/token,Trax ms/token,ours vs Trax' \
+  --label=sparse_ff='sparse FF (N=64)' --label=sparse_qkv='sparse QKV (S=16)' \
+  --label=sparse_ff_qkv='sparse FF+QKV' \
+  --label=sparse_ff_qkv_loss='sparse FF+QKV+loss (S=4)' \
+  --figure=ff_qkv_loss_vs_trax='sparse FF+QKV+loss (S=4):ours vs Trax' > "$out/figures.txt"
+mapfile -t figures < "$out/figures.txt"
+record --table=vs_trax="$out/vs_trax.json" "${figures[@]/#/--figure=}"
+banner done "outputs in $out"
