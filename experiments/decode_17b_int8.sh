@@ -17,6 +17,7 @@
 #   (OUT: runs/experiments/decode_17b_int8)
 NAME=decode_17b_int8
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+source "$(dirname "${BASH_SOURCE[0]}")/tables.sh"
 
 timing=(--tokens=4 --repeats=3)
 if [[ -n "$SHORT" ]]; then
@@ -32,8 +33,7 @@ into "$out/bench.txt" .venv/bin/terraformer-bench \
   --config_file=gin/bench/terraformer_17b_kernels_int8.gin \
   --config_file=gin/bench/17b_sparse_ff_qkv_kernels_int8.gin \
   "${timing[@]}" --json="$out/bench.json"
-.venv/bin/python experiments/cli_tables.py speed \
-  --out="$out/models.json" "$out/bench.json" \
+tabulate speed models "$out/bench.json" \
   --columns='model,ms/token [min-max],ms/block,MB/token,bound ms,x bound,speedup,per block' \
   --label=17b_dense_kernels_int8=dense \
   --label=17b_sparse_ff_qkv_loss_kernels_int8='sparse FF+QKV+loss' \
@@ -45,7 +45,6 @@ into "$out/bench.txt" .venv/bin/terraformer-bench \
   --paper=17b_sparse_ff_qkv_kernels_int8='19.98x (0.183 s)' \
   --figure=ff_qkv='sparse FF+QKV:speedup' \
   --figure=ff_qkv_loss='sparse FF+QKV+loss:speedup' \
-  --figure=terraformer='Terraformer 17B:speedup' > "$out/figures.txt"
-mapfile -t figures < "$out/figures.txt"
-record --table=models="$out/models.json" "${figures[@]/#/--figure=}"
+  --figure=terraformer='Terraformer 17B:speedup'
+record_tables
 banner done "outputs in $out"

@@ -18,6 +18,7 @@
 #   (OUT: runs/experiments/decode_17b_projection)
 NAME=decode_17b_projection
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+source "$(dirname "${BASH_SOURCE[0]}")/tables.sh"
 
 timing=(--tokens=4 --repeats=3)
 [[ -n "$SHORT" ]] && timing=(--tokens=2 --repeats=1)
@@ -31,8 +32,7 @@ into "$out/bench.txt" .venv/bin/terraformer-bench \
   --config_file=gin/bench/terraformer_17b.gin \
   --project_layers=6 --memory_budget_gb=9 "${timing[@]}" \
   --json="$out/bench.json"
-.venv/bin/python experiments/cli_tables.py projection \
-  --out="$out/projection.json" "$out/bench.json" \
+tabulate projection projection "$out/bench.json" \
   --label=17b_dense=dense --label=17b_sparse_ff='sparse FF (N=256)' \
   --label=17b_sparse_qkv='sparse QKV (S=64)' \
   --label=17b_sparse_ff_qkv='sparse FF+QKV' \
@@ -43,7 +43,6 @@ into "$out/bench.txt" .venv/bin/terraformer-bench \
   --figure=ff_qkv='sparse FF+QKV:speedup (time)' \
   --figure=ff_qkv_bytes='sparse FF+QKV:speedup (bytes)' \
   --figure=ff_qkv_loss='sparse FF+QKV+loss (S=4):speedup (time)' \
-  --figure=terraformer='Terraformer 17B:speedup (time)' > "$out/figures.txt"
-mapfile -t figures < "$out/figures.txt"
-record --table=projection="$out/projection.json" "${figures[@]/#/--figure=}"
+  --figure=terraformer='Terraformer 17B:speedup (time)'
+record_tables
 banner done "outputs in $out"

@@ -17,6 +17,7 @@
 #   bash experiments/decode_800m.sh [OUT]   (OUT: runs/experiments/decode_800m)
 NAME=decode_800m
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+source "$(dirname "${BASH_SOURCE[0]}")/tables.sh"
 
 timing=(--tokens=8 --repeats=3)
 [[ -n "$SHORT" ]] && timing=(--tokens=2 --repeats=1)
@@ -27,8 +28,7 @@ into "$out/bench.txt" .venv/bin/terraformer-bench \
   --config_file=gin/scaling_800m/sparse_ff_qkv_loss.gin \
   --config_file=gin/terraformer/c4_800m.gin "${timing[@]}" \
   --json="$out/bench.json"
-.venv/bin/python experiments/cli_tables.py speed \
-  --out="$out/models.json" "$out/bench.json" \
+tabulate speed models "$out/bench.json" \
   --label=sparse_ff_qkv='sparse FF+QKV' \
   --label=sparse_ff_qkv_loss='sparse FF+QKV+loss (S=4)' \
   --label=c4_800m='Terraformer 800M' \
@@ -36,7 +36,6 @@ into "$out/bench.txt" .venv/bin/terraformer-bench \
   --figure=ff_qkv='sparse FF+QKV:speedup' \
   --figure=ff_qkv_per_block='sparse FF+QKV:per block' \
   --figure=ff_qkv_loss='sparse FF+QKV+loss (S=4):speedup' \
-  --figure=terraformer='Terraformer 800M:speedup' > "$out/figures.txt"
-mapfile -t figures < "$out/figures.txt"
-record --table=models="$out/models.json" "${figures[@]/#/--figure=}"
+  --figure=terraformer='Terraformer 800M:speedup'
+record_tables
 banner done "outputs in $out"

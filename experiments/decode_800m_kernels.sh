@@ -18,6 +18,7 @@
 #   (OUT: runs/experiments/decode_800m_kernels)
 NAME=decode_800m_kernels
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+source "$(dirname "${BASH_SOURCE[0]}")/tables.sh"
 
 timing=(--tokens=4 --repeats=3)
 [[ -n "$SHORT" ]] && timing=(--tokens=2 --repeats=1)
@@ -32,8 +33,7 @@ into "$out/bench.txt" .venv/bin/terraformer-bench \
   --config_file=gin/bench/800m_sparse_ff_qkv_loss_kernels_int8.gin \
   --config=ScalingTransformer.n_encoder_layers=1 "${timing[@]}" \
   --json="$out/bench.json"
-.venv/bin/python experiments/cli_tables.py speed \
-  --out="$out/models.json" "$out/bench.json" \
+tabulate speed models "$out/bench.json" \
   --columns='model,ms/token [min-max],ms/block,MB/token,x bound,speedup' \
   --label=dense='dense (XLA)' --label=sparse_ff_qkv='sparse FF+QKV, XLA' \
   --label=800m_sparse_ff_qkv_kernels='sparse FF+QKV, kernels' \
@@ -42,7 +42,6 @@ into "$out/bench.txt" .venv/bin/terraformer-bench \
   --label=800m_sparse_ff_qkv_loss_kernels_bf16='sparse FF+QKV+loss, kernels bf16' \
   --label=800m_sparse_ff_qkv_loss_kernels_int8='sparse FF+QKV+loss, kernels int8' \
   --figure=ff_qkv_kernels='sparse FF+QKV, kernels:speedup' \
-  --figure=ff_qkv_loss_int8='sparse FF+QKV+loss, kernels int8:speedup' > "$out/figures.txt"
-mapfile -t figures < "$out/figures.txt"
-record --table=models="$out/models.json" "${figures[@]/#/--figure=}"
+  --figure=ff_qkv_loss_int8='sparse FF+QKV+loss, kernels int8:speedup'
+record_tables
 banner done "outputs in $out"

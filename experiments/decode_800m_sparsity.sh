@@ -16,6 +16,7 @@
 #   (OUT: runs/experiments/decode_800m_sparsity)
 NAME=decode_800m_sparsity
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+source "$(dirname "${BASH_SOURCE[0]}")/tables.sh"
 
 timing=(--tokens=16 --repeats=3)
 [[ -n "$SHORT" ]] && timing=(--tokens=2 --repeats=1)
@@ -34,12 +35,10 @@ into "$out/bench.txt" .venv/bin/terraformer-bench "${configs[@]}" \
   "${timing[@]}" --json="$out/bench.json"
 # The paper's decoding seconds per token: Table 7 (loss sparsity); Table 2
 # gives its FF sparsity rows as a trend.
-.venv/bin/python experiments/cli_tables.py speed \
-  --out="$out/sparsity.json" "$out/bench.json" "${labels[@]}" \
+tabulate speed sparsity "$out/bench.json" "${labels[@]}" \
   --columns='model,ms/token,MB/token,x bound,speedup,per block' \
   --paper=dense='0.160 s' --paper=loss_sparsity_2='0.158 s (1.01x)' \
   --paper=loss_sparsity_4='0.149 s (1.07x)' \
-  --paper=loss_sparsity_8='0.148 s (1.08x)' > "$out/figures.txt"
-mapfile -t figures < "$out/figures.txt"
-record --table=sparsity="$out/sparsity.json" "${figures[@]/#/--figure=}"
+  --paper=loss_sparsity_8='0.148 s (1.08x)'
+record_tables
 banner done "outputs in $out"

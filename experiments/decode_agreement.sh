@@ -19,6 +19,7 @@
 #   (OUT: runs/experiments/decode_agreement)
 NAME=decode_agreement
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+source "$(dirname "${BASH_SOURCE[0]}")/tables.sh"
 
 tokens=16
 [[ -n "$SHORT" ]] && tokens=2
@@ -29,13 +30,11 @@ into "$out/agreement.txt" .venv/bin/terraformer-bench --agreement \
   --config_file=gin/bench/800m_sparse_ff_qkv_loss_kernels_bf16.gin \
   --config_file=gin/bench/800m_sparse_ff_qkv_loss_kernels_int8.gin \
   --tokens="$tokens" --json="$out/agreement.json"
-.venv/bin/python experiments/cli_tables.py agreement \
-  --out="$out/paths.json" "$out/agreement.json" \
+tabulate agreement paths "$out/agreement.json" \
   --label=sparse_ff_qkv_loss='XLA, float32 (reference)' \
   --label=800m_sparse_ff_qkv_loss_kernels='kernels, float32' \
   --label=800m_sparse_ff_qkv_loss_kernels_bf16='kernels, bf16 weights' \
   --label=800m_sparse_ff_qkv_loss_kernels_int8='kernels, int8 weights' \
-  --figure=int8_max_delta='kernels, int8 weights:max |delta logit| vs the first' > "$out/figures.txt"
-mapfile -t figures < "$out/figures.txt"
-record --table=paths="$out/paths.json" "${figures[@]/#/--figure=}"
+  --figure=int8_max_delta='kernels, int8 weights:max |delta logit| vs the first'
+record_tables
 banner done "outputs in $out"

@@ -17,6 +17,7 @@
 #   (OUT: runs/experiments/decode_d_model_sweep)
 NAME=decode_d_model_sweep
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+source "$(dirname "${BASH_SOURCE[0]}")/tables.sh"
 
 sweep=(--sweep_d_models=512,1024,2048,4096 --tokens=16 --repeats=3)
 [[ -n "$SHORT" ]] && sweep=(--sweep_d_models=256,512 --tokens=2 --repeats=1)
@@ -25,9 +26,7 @@ into "$out/bench.txt" .venv/bin/terraformer-bench --sweep \
   --config_file=gin/bench/sweep_dense.gin \
   --config_file=gin/bench/sweep_sparse.gin "${sweep[@]}" \
   --plot="$out/decode_speedup_vs_d_model.png" --json="$out/bench.json"
-.venv/bin/python experiments/cli_tables.py sweep \
-  --out="$out/sweep.json" "$out/bench.json" \
-  --label=sweep_dense=dense --label=sweep_sparse=sparse > "$out/figures.txt"
-mapfile -t figures < "$out/figures.txt"
-record --table=sweep="$out/sweep.json" "${figures[@]/#/--figure=}"
+tabulate sweep sweep "$out/bench.json" \
+  --label=sweep_dense=dense --label=sweep_sparse=sparse
+record_tables
 banner done "outputs in $out"

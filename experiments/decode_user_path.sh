@@ -16,6 +16,7 @@
 #   (OUT: runs/experiments/decode_user_path)
 NAME=decode_user_path
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+source "$(dirname "${BASH_SOURCE[0]}")/tables.sh"
 
 models=(--config_file=gin/scaling_800m/dense.gin
         --config_file=gin/scaling_800m/sparse_ff_qkv_loss.gin)
@@ -27,10 +28,8 @@ fi
 banner "ours vs Trax's autoregressive_sample, whole calls"
 into "$out/user_path.txt" .venv/bin/terraformer-bench --trax_user_path \
   "${models[@]}" --tokens=8 --repeats=2 --json="$out/user_path.json"
-.venv/bin/python experiments/cli_tables.py user_path \
-  --out="$out/calls.json" "$out/user_path.json" \
+tabulate user_path calls "$out/user_path.json" \
   --label=dense='dense 800M' --label=sparse_ff_qkv_loss='sparse FF+QKV+loss 800M' \
-  "${figure[@]}" > "$out/figures.txt"
-mapfile -t figures < "$out/figures.txt"
-record --table=calls="$out/calls.json" "${figures[@]/#/--figure=}"
+  "${figure[@]}"
+record_tables
 banner done "outputs in $out"

@@ -15,6 +15,7 @@
 #   bash experiments/decode_xla_ops.sh [OUT]  (OUT: runs/experiments/decode_xla_ops)
 NAME=decode_xla_ops
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+source "$(dirname "${BASH_SOURCE[0]}")/tables.sh"
 
 configs=(gin/scaling_800m/dense.gin gin/scaling_800m/sparse_ff.gin
          gin/scaling_800m/sparse_qkv.gin gin/scaling_800m/sparse_ff_qkv.gin
@@ -23,12 +24,10 @@ configs=(gin/scaling_800m/dense.gin gin/scaling_800m/sparse_ff.gin
 banner "XLA operations per decoder block"
 into "$out/xla_ops.txt" .venv/bin/terraformer-bench --xla_ops \
   "${configs[@]/#/--config_file=}" --json="$out/xla_ops.json"
-.venv/bin/python experiments/cli_tables.py xla_ops \
-  --out="$out/ops.json" "$out/xla_ops.json" \
+tabulate xla_ops ops "$out/xla_ops.json" \
   --label=sparse_ff='sparse FF' --label=sparse_qkv='sparse QKV' \
   --label=sparse_ff_qkv='sparse FF+QKV' \
   --label=sparse_ff_qkv_loss='sparse FF+QKV+loss' \
-  --label=c4_800m='Terraformer 800M' > "$out/figures.txt"
-mapfile -t figures < "$out/figures.txt"
-record --table=ops="$out/ops.json" "${figures[@]/#/--figure=}"
+  --label=c4_800m='Terraformer 800M'
+record_tables
 banner done "outputs in $out"

@@ -25,6 +25,7 @@ fresh_env=
 start=$(date +%s)
 NAME=main_job
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+source "$(dirname "${BASH_SOURCE[0]}")/tables.sh"
 setup_s=$(( $(date +%s) - start ))
 
 args=()
@@ -43,13 +44,11 @@ job_s=$(( $(date +%s) - start ))
 
 banner "the tables"
 eval_json=$(ls -t "$out"/finetune/eval_test_step*.json | head -n 1)
-.venv/bin/python experiments/cli_tables.py rouge --out="$out/rouge.json" \
-  "$eval_json" --figure=model_rouge1='model:ROUGE-1' \
+tabulate rouge rouge "$eval_json" --figure=model_rouge1='model:ROUGE-1' \
   --figure=model_rouge2='model:ROUGE-2' --figure=model_rougeL='model:ROUGE-L' \
   --figure=lead3_rouge2='lead-3:ROUGE-2' \
-  --figure=random3_rouge2='random 3 (seed 0):ROUGE-2' > "$out/figures.txt"
-mapfile -t figures < "$out/figures.txt"
-tables=(--table=rouge="$out/rouge.json")
+  --figure=random3_rouge2='random 3 (seed 0):ROUGE-2'
+run=()
 if [[ -n "$from_scratch" ]]; then
   last_ppl() {  # The last eval log-perplexity that stage printed.
     sed -n "\|stage $1|,\|=== \[|p" "$out/main.txt" \
@@ -61,8 +60,7 @@ if [[ -n "$from_scratch" ]]; then
   rows="$rows, [\"pretraining: last eval log-perplexity\", \"$(last_ppl 1/4)\"]"
   rows="$rows, [\"fine-tuning: last eval log-perplexity\", \"$(last_ppl 2/4)\"]"
   printf '{"columns": ["measure", "this run"], "rows": [%s]}\n' "$rows" > "$out/run.json"
-  tables+=(--table=run="$out/run.json")
-  figures+=("job_time=$(minutes "$job_s")")
+  run=(--table=run="$out/run.json" --figure=job_time="$(minutes "$job_s")")
 fi
-record "${tables[@]}" "${figures[@]/#/--figure=}"
+record_tables "${run[@]}"
 banner done "outputs in $out"

@@ -19,6 +19,7 @@
 #   (OUT: runs/experiments/many_devices_fsdp_memory)
 NAME=many_devices_fsdp_memory
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+source "$(dirname "${BASH_SOURCE[0]}")/tables.sh"
 
 gather=--config=terraformer.train.fsdp_gather_weights=True
 # label|gin|devices|extra binding
@@ -44,7 +45,6 @@ for cell in "${cells[@]}"; do
     ${binding:+"$binding"} "${short[@]}"
   pairs+=("$label=$json")
 done
-.venv/bin/python experiments/cli_tables.py compiled --out="$out/compiled.json" \
-  "${pairs[@]}" > /dev/null
-record --table=compiled="$out/compiled.json"
+tabulate compiled compiled "${pairs[@]}"
+record_tables
 banner done "outputs in $out"

@@ -16,6 +16,7 @@
 #   (OUT: runs/experiments/many_devices_memory_plan)
 NAME=many_devices_memory_plan
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+source "$(dirname "${BASH_SOURCE[0]}")/tables.sh"
 
 cells=(terraformer/17b:1 terraformer/17b:8 terraformer/17b:64
        terraformer/c4_800m:1 terraformer/c4_800m:8
@@ -31,7 +32,6 @@ for cell in "${cells[@]}"; do
     --devices="$devices" --batch_size=8 --length=1024 --json
   pairs+=("\`gin/$config.gin\`=$json")
 done
-.venv/bin/python experiments/cli_tables.py plan --out="$out/plan.json" \
-  "${pairs[@]}" > /dev/null
-record --table=plan="$out/plan.json"
+tabulate plan plan "${pairs[@]}"
+record_tables
 banner done "outputs in $out"

@@ -21,6 +21,7 @@
 #   (OUT: runs/experiments/sparse_vs_dense_lm)
 NAME=sparse_vs_dense_lm
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+source "$(dirname "${BASH_SOURCE[0]}")/tables.sh"
 
 steps=5000 every=250
 queue0=(lm_dense:0 lm_sparse:0 lm_sparse_ff_qkv:0 lm_sparse_qkv:0)
@@ -58,8 +59,7 @@ banner "eval log-perplexity by step and by minutes of wall-clock"
 .venv/bin/terraformer-export "${runs[@]}" --out="$out/wallclock" \
   --metrics='^eval/' --table=eval/metrics/log_perplexity \
   --table_minutes="$minutes"
-.venv/bin/python experiments/cli_tables.py markdown --out="$out/wallclock.json" \
-  "$out/wallclock/table.md" > /dev/null
+tabulate markdown wallclock "$out/wallclock/table.md"
 figures=()
 if [[ -z "$SHORT" ]]; then
   dense='Dense, seed 0|Dense, seed 1:5000'
@@ -68,9 +68,6 @@ if [[ -z "$SHORT" ]]; then
     --figure=dense_seed_spread_5000='Dense, seed 1:5000 - Dense, seed 0:5000'
     --figure=sparse_qkv_minus_dense_5000="Sparse QKV, seed 0:5000 - $dense")
 fi
-.venv/bin/python experiments/cli_tables.py markdown --out="$out/steps.json" \
-  "$out/steps/table.md" "${figures[@]}" > "$out/figures.txt"
-mapfile -t figures < "$out/figures.txt"
-record --table=steps="$out/steps.json" --table=wallclock="$out/wallclock.json" \
-  "${figures[@]/#/--figure=}"
+tabulate markdown steps "$out/steps/table.md" "${figures[@]}"
+record_tables
 banner done "outputs in $out"

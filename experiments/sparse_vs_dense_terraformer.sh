@@ -20,6 +20,7 @@
 #   (OUT: runs/experiments/sparse_vs_dense_terraformer)
 NAME=sparse_vs_dense_terraformer
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+source "$(dirname "${BASH_SOURCE[0]}")/tables.sh"
 
 steps=5000 every=250
 table_steps=250,500,750,1000,1500,2000,2500,3000,3500,4000,4500,5000
@@ -47,8 +48,6 @@ if [[ -z "$SHORT" ]]; then
   figures=(--figure=sparse_4000="$sparse" --figure=dense_4000="$dense"
            --figure=sparse_minus_dense_4000="$sparse - $dense")
 fi
-.venv/bin/python experiments/cli_tables.py markdown --out="$out/steps.json" \
-  "$out/export/table.md" "${figures[@]}" > "$out/figures.txt"
-mapfile -t figures < "$out/figures.txt"
-record --table=steps="$out/steps.json" "${figures[@]/#/--figure=}"
+tabulate markdown steps "$out/export/table.md" "${figures[@]}"
+record_tables
 banner done "outputs in $out"
