@@ -1,0 +1,297 @@
+"""scripts/results.py: the pages' results blocks come from results/*.json.
+
+The committed README.md and docs/*.md must be what `scripts/results.py`
+renders from the committed results files (test_the_committed_pages_...).
+"""
+import datetime
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SCRIPT = os.path.join(ROOT, 'scripts', 'results.py')
+
+_spec = importlib.util.spec_from_file_location('results_script', SCRIPT)
+results = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(results)
+
+OOD = {
+    'experiment': 'ood',
+    'command': 'bash experiments/ood.sh',
+    'short_command': 'SHORT=1 bash experiments/ood.sh',
+    'cost': 'about 6 core-hours on the 2-core CPU',
+    'measured': {'date': '2026-11-25', 'machine': '2-core AMD EPYC',
+                 'isa': 'avx2'},
+    'tables': {'copy': {'caption': 'copy, 3000 steps, 2 seeds',
+                        'columns': ['model', 'in distribution', 'OOD'],
+                        'rows': [['Transformer', '99.4% / 99.8%',
+                                  '6.4% / 6.8%'],
+                                 ['a|b', '1%', '2%']]},
+               'old': {'caption': '',
+                       'columns': ['model', 'OOD'],
+                       'rows': [['Terraformer', '13.5%']],
+                       'measured': {'date': '2026-11-20',
+                                    'machine': '2-core AMD EPYC',
+                                    'isa': 'unknown'}}},
+    'figures': {'copy_ood': '6.4%'},
+}
+README_ROWS = [{'result': 'Table 4 copy OOD', 'ours': 'ood/copy_ood',
+                'paper': '79.8% (Table 4)', 'page': 'docs/ood.md#copy'}]
+
+COPY_BODY = """copy, 3000 steps, 2 seeds
+
+| model | in distribution | OOD |
+| --- | --- | --- |
+| Transformer | 99.4% / 99.8% | 6.4% / 6.8% |
+| a\\|b | 1% | 2% |
+
+Measured 2026-11-25 on a 2-core AMD EPYC (avx2) by `bash experiments/ood.sh` (about 6 core-hours on the 2-core CPU; short version: `SHORT=1 bash experiments/ood.sh`).
+"""
+OLD_BODY = """| model | OOD |
+| --- | --- |
+| Terraformer | 13.5% |
+
+Measured 2026-11-20 on a 2-core AMD EPYC (ISA unknown) by `bash experiments/ood.sh` (about 6 core-hours on the 2-core CPU; short version: `SHORT=1 bash experiments/ood.sh`).
+"""
+README_BODY = """| result | ours | paper | page |
+| --- | --- | --- | --- |
+| Table 4 copy OOD | 6.4% | 79.8% (Table 4) | [ood](docs/ood.md#copy) |
+
+Generated from `results/*.json` by `.venv/bin/python scripts/results.py`.
+"""
+
+
+def _write(path, text):
+  os.makedirs(os.path.dirname(path), exist_ok=True)
+  with open(path, 'w', encoding='utf-8') as f:
+    f.write(text)
+
+
+def _read(path):
+  with open(path, encoding='utf-8') as f:
+    return f.read()
+
+
+@pytest.fixture
+def repo(tmp_path):
+  """A hand-made repository: results files, README.md and one docs page."""
+  _write(str(tmp_path / 'results' / 'ood.json'), json.dumps(OOD))
+  _write(str(tmp_path / 'results' / 'readme.json'), json.dumps(README_ROWS))
+  _write(str(tmp_path / 'README.md'),
+         '# x\n\n<!-- results:readme -->\n<!-- /results -->\nafter\n')
+  _write(str(tmp_path / 'docs' / 'ood.md'),
+         '# OOD\n\nProse before.\n<!-- results:ood/copy -->\nstale text\n'
+         '<!-- /results -->\nProse between.\n<!-- results:ood/old -->\n'
+         '<!-- /results -->\n')
+  return tmp_path
+
+
+def test_render_fills_every_block_and_keeps_the_prose(repo, capsys):
+  assert results.main(['--root', str(repo)]) == 0
+  assert _read(str(repo / 'docs' / 'ood.md')) == (
+      '# OOD\n\nProse before.\n<!-- results:ood/copy -->\n' + COPY_BODY +
+      '<!-- /results -->\nProse between.\n<!-- results:ood/old -->\n' +
+      OLD_BODY + '<!-- /results -->\n')
+  assert _read(str(repo / 'README.md')) == (
+      '# x\n\n<!-- results:readme -->\n' + README_BODY +
+      '<!-- /results -->\nafter\n')
+  assert '3 blocks rendered, 3 changed' in capsys.readouterr().out
+
+
+def test_check_fails_on_a_changed_block_and_passes_after_render(repo, capsys):
+  assert results.main(['render', '--root', str(repo)]) == 0
+  assert results.main(['--check', '--root', str(repo)]) == 0
+  page = repo / 'docs' / 'ood.md'
+  rendered = _read(str(page))
+  _write(str(page), rendered.replace('6.4% / 6.8%', '6.5% / 6.8%'))
+  capsys.readouterr()
+  assert results.main(['--check', '--root', str(repo)]) == 1
+  out = capsys.readouterr().out
+  assert 'docs/ood.md: results:ood/copy' in out
+  assert 'results:ood/old' not in out and 'README' not in out
+  assert '6.5%' in _read(str(page))  # --check writes nothing
+  # The results file changes: the README block is stale too.
+  OOD2 = json.loads(json.dumps(OOD))
+  OOD2['figures']['copy_ood'] = '7.0%'
+  _write(str(repo / 'results' / 'ood.json'), json.dumps(OOD2))
+  assert results.main(['--check', '--root', str(repo)]) == 1
+  assert 'README.md: results:readme' in capsys.readouterr().out
+  assert results.main(['--root', str(repo)]) == 0
+  assert results.main(['--check', '--root', str(repo)]) == 0
+  assert '| Table 4 copy OOD | 7.0% |' in _read(str(repo / 'README.md'))
+  assert _read(str(page)) == rendered
+
+
+def test_render_and_check_of_some_pages_only(repo, capsys):
+  page, readme = repo / 'docs' / 'ood.md', repo / 'README.md'
+  before = _read(str(readme))
+  assert results.main(['render', '--root', str(repo), 'docs/ood.md']) == 0
+  assert _read(str(readme)) == before and COPY_BODY in _read(str(page))
+  assert results.main(['--check', '--root', str(repo), 'docs/ood.md']) == 0
+  assert results.main(['--check', '--root', str(repo)]) == 1
+  capsys.readouterr()
+  assert results.main(['--root', str(repo), 'docs/nope.md']) == 2
+  assert capsys.readouterr().err.startswith(
+      'results.py: error: not README.md or docs/*.md: ')
+
+
+@pytest.mark.parametrize('block,message', [
+    ('ood/nope', "unknown results block 'ood/nope': results/ood.json has "
+                 'tables copy, old'),
+    ('gone/copy', "unknown results block 'gone/copy': no results/gone.json"),
+])
+def test_an_unknown_block_is_one_line_and_exit_2(repo, capsys, block,
+                                                 message):
+  page = repo / 'docs' / 'ood.md'
+  before = _read(str(page)) + f'<!-- results:{block} -->\n<!-- /results -->\n'
+  _write(str(page), before)
+  for argv in (['--root', str(repo)], ['--check', '--root', str(repo)]):
+    assert results.main(argv) == 2
+    err = capsys.readouterr().err
+    assert err == f'results.py: error: docs/ood.md: {message}\n'
+  assert _read(str(page)) == before
+
+
+def test_an_unknown_figure_an_unclosed_block_and_bad_json_exit_2(repo,
+                                                                 capsys):
+  rows = [dict(README_ROWS[0], ours='ood/nope')]
+  _write(str(repo / 'results' / 'readme.json'), json.dumps(rows))
+  assert results.main(['--root', str(repo)]) == 2
+  assert capsys.readouterr().err == (
+      "results.py: error: README.md: unknown figure 'ood/nope': "
+      'results/ood.json has figures copy_ood\n')
+  _write(str(repo / 'results' / 'readme.json'), json.dumps(README_ROWS))
+  _write(str(repo / 'docs' / 'ood.md'), '<!-- results:ood/copy -->\nx\n')
+  assert results.main(['--root', str(repo)]) == 2
+  assert 'results:ood/copy has no <!-- /results -->' in capsys.readouterr().err
+  _write(str(repo / 'results' / 'ood.json'), '{"tables": ')
+  assert results.main(['--check', '--root', str(repo)]) == 2
+  err = capsys.readouterr().err
+  assert 'ood.json: not JSON' in err and err.count('\n') == 1
+
+
+CPUINFO = ('processor\t: 0\nmodel name\t: AMD EPYC 7B13\n'
+           'flags\t\t: fpu sse2 avx2 fma\n\nprocessor\t: 1\n'
+           'model name\t: AMD EPYC 7B13\nflags\t\t: fpu sse2 avx2 fma\n')
+
+
+@pytest.mark.parametrize('flags,isa', [('fpu sse2 avx2 fma', 'avx2'),
+                                       ('avx2 avx512f avx512_vnni',
+                                        'avx512-vnni'),
+                                       ('fpu sse2', 'unknown')])
+def test_machine_reads_the_model_and_the_isa(tmp_path, flags, isa):
+  path = tmp_path / 'cpuinfo'
+  path.write_text(CPUINFO.replace('fpu sse2 avx2 fma', flags))
+  found = results.machine(str(path))
+  assert found['isa'] == isa
+  assert found['machine'].endswith('-core AMD EPYC 7B13')
+
+
+def test_record_builds_a_results_file_from_cli_json(tmp_path, capsys):
+  # terraformer-ood's ood_table.json: a list of objects.
+  ood_table = tmp_path / 'ood_table.json'
+  ood_table.write_text(json.dumps([
+      {'cell': 'copy_transformer', 'in_distribution': 0.994, 'ood': 0.064,
+       'steps': 3000},
+      {'cell': 'copy_terraformer', 'in_distribution': 1.0, 'ood': 0.173,
+       'steps': 6000, 'note': None}]))
+  table = tmp_path / 'table.json'
+  table.write_text(json.dumps({'columns': ['n', 'ms'],
+                               'rows': [[64, 1.5], [4096, 16729.0]]}))
+  path = results.record(
+      str(tmp_path), 'ood', {'copy': str(ood_table), 'speed': str(table)},
+      figures={'copy_ood': '6.4%'}, captions={'copy': 'copy, 2 seeds'},
+      columns={'copy': 'cell,ood'}, today=datetime.date(2026, 11, 28),
+      this_machine={'machine': '2-core AMD EPYC', 'isa': 'avx2'})
+  assert path == str(tmp_path / 'results' / 'ood.json')
+  data = json.loads(_read(path))
+  assert data == {
+      'experiment': 'ood',
+      'command': 'bash experiments/ood.sh',
+      'short_command': 'SHORT=1 bash experiments/ood.sh',
+      'cost': 'unknown',
+      'tables': {
+          'copy': {'caption': 'copy, 2 seeds', 'columns': ['cell', 'ood'],
+                   'rows': [['copy_transformer', '0.064'],
+                            ['copy_terraformer', '0.173']]},
+          'speed': {'caption': '', 'columns': ['n', 'ms'],
+                    'rows': [['64', '1.5'], ['4096', '16729']]}},
+      'figures': {'copy_ood': '6.4%'},
+      'measured': {'date': '2026-11-28', 'machine': '2-core AMD EPYC',
+                   'isa': 'avx2'}}
+  # Rerecording one table: it and the file get today's date; the other
+  # table keeps the date it was measured on; no --columns: every key.
+  results.record(
+      str(tmp_path), 'ood', {'copy': str(ood_table)},
+      figures={'copy_id': '100%'}, cost='about 1 core-hour',
+      today=datetime.date(2026, 12, 1),
+      this_machine={'machine': '16-core Xeon', 'isa': 'avx512-vnni'})
+  data = json.loads(_read(path))
+  assert data['measured'] == {'date': '2026-12-01', 'machine': '16-core Xeon',
+                              'isa': 'avx512-vnni'}
+  assert data['cost'] == 'about 1 core-hour'
+  assert data['tables']['speed']['measured']['date'] == '2026-11-28'
+  assert 'measured' not in data['tables']['copy']
+  assert data['tables']['copy'] == {
+      'caption': 'copy, 2 seeds',
+      'columns': ['cell', 'in_distribution', 'ood', 'steps', 'note'],
+      'rows': [['copy_transformer', '0.994', '0.064', '3000', ''],
+               ['copy_terraformer', '1', '0.173', '6000', 'null']]}
+  assert data['figures'] == {'copy_ood': '6.4%', 'copy_id': '100%'}
+  # The file renders: a page block over the recorded table.
+  _write(str(tmp_path / 'docs' / 'p.md'),
+         '<!-- results:ood/speed -->\n<!-- /results -->\n')
+  capsys.readouterr()
+  assert results.main(['--root', str(tmp_path)]) == 0
+  assert ('| 4096 | 16729 |\n\nMeasured 2026-11-28 on a 2-core AMD EPYC '
+          '(avx2) by `bash experiments/ood.sh` (about 1 core-hour; short '
+          'version: `SHORT=1 bash experiments/ood.sh`).\n<!-- /results -->'
+          ) in _read(str(tmp_path / 'docs' / 'p.md'))
+
+
+def test_record_refuses_what_it_cannot_read(tmp_path, capsys):
+  bad = tmp_path / 'bad.json'
+  bad.write_text(json.dumps({'speedup': 2.85}))
+  argv = ['record', 'x', '--table', f't={bad}', '--root', str(tmp_path)]
+  assert results.main(argv) == 2
+  assert capsys.readouterr().err.startswith(
+      f'results.py: error: {bad}: expected {{"columns", "rows"}}')
+  assert results.main(['record', 'x', '--table', 'no_equals_sign',
+                       '--root', str(tmp_path)]) == 2
+  assert '--table needs ID=VALUE' in capsys.readouterr().err
+  good = tmp_path / 'good.json'
+  good.write_text(json.dumps([{'a': 1}]))
+  assert results.main(['record', 'x', '--table', f't={good}', '--columns',
+                       't=a,b', '--root', str(tmp_path)]) == 2
+  assert 'no key(s) b' in capsys.readouterr().err
+  assert not (tmp_path / 'results' / 'x.json').exists()
+
+
+def test_the_script_runs_on_its_own(tmp_path):
+  """It needs no terraformer import: a bare interpreter runs it."""
+  run = subprocess.run([sys.executable, '-I', SCRIPT, '--check', '--root',
+                        str(tmp_path)], capture_output=True, text=True,
+                       check=False)
+  assert (run.returncode, run.stdout, run.stderr) == (
+      0, '0 blocks match results/*.json\n', '')
+
+
+def test_the_committed_pages_are_what_the_results_files_render(capsys):
+  """README.md's table and the docs' tables differ from results/*.json:
+  run `.venv/bin/python scripts/results.py` and commit the pages."""
+  code = results.main(['--check', '--root', ROOT])
+  out, err = capsys.readouterr()
+  assert code == 0, out + err
+
+
+def test_the_readme_has_its_results_table():
+  text = _read(os.path.join(ROOT, 'README.md'))
+  assert '<!-- results:readme -->' in text
+  with open(os.path.join(ROOT, 'results', 'readme.json'),
+            encoding='utf-8') as f:
+    rows = json.load(f)
+  assert 0 < len(rows) <= 12
