@@ -4,11 +4,15 @@ Each model is one gin configuration (one or more files composed, plus the
 common bindings); `decode_speed.benchmark_all` times it. This module turns gin
 configurations into models, builds Trax 1.4.1's reference model with the
 same settings (`trax.models.research.configurable_transformer`, the code the
-paper's speed figures come from), runs the d_model sweep and formats tables.
+paper's speed figures come from), and runs each mode of terraformer-bench:
+the speed table, the 17B projection, the d_model sweep, the logit agreement,
+the XLA operation counts, a traced step and the user's path. Each returns
+numbers; `terraformer/cli/bench_format.py` makes the tables and the plot.
 """
 import functools
 import gc
 import inspect
+import os
 import time
 
 import gin
@@ -17,9 +21,13 @@ import numpy as np
 
 from terraformer import config
 from terraformer.benchmarks import decode_speed
+from terraformer.benchmarks import step_profile
+from terraformer.benchmarks import weight_factory
 from terraformer.decoding import step as decode_step
 from terraformer import errors
 
+# Keyword arguments of model functions that set the number of decoder blocks.
+BLOCK_KWARGS = ('n_decoder_layers', 'n_layers')
 # ScalingTransformer keyword -> what the sweep multiplies by d / d_model.
 SWEEP_SCALED = ('d_ff', 'n_heads', 'attention_sparsity')
 DEFAULT_SWEEP_D_MODELS = (512, 1024, 2048, 4096)
@@ -54,9 +62,20 @@ def configured_model():
   return model_fn, ref.selector, kwargs
 
 
+def blocks_kwarg(model_fn, kwargs=()):
+  """The keyword setting `model_fn`'s decoder blocks (from its signature,
+  else the first of BLOCK_KWARGS among its gin `kwargs`), or None."""
+  try:
+    params = inspect.signature(model_fn).parameters
+  except (TypeError, ValueError):
+    params = {}
+  return next((k for k in BLOCK_KWARGS if k in params),
+              next((k for k in BLOCK_KWARGS if k in kwargs), None))
+
+
 def n_blocks_of(kwargs):
   """Number of decoder blocks in a model's keyword arguments, or None."""
-  for name in decode_speed.BLOCK_KWARGS:
+  for name in BLOCK_KWARGS:
     if name in kwargs:
       return kwargs[name]
   return None
@@ -94,27 +113,26 @@ def spec_from_gin(name, fit_blocks=None):
   no encoder blocks (see `project`).
   """
   model_fn, _, kwargs = configured_model()
-  kwarg = decode_speed.blocks_kwarg(model_fn) or next(
-      (k for k in decode_speed.BLOCK_KWARGS if k in kwargs), None)
+  kwarg = blocks_kwarg(model_fn, kwargs)
   overrides = {}
   if fit_blocks is not None:
     if not kwarg:
       raise errors.TerraformerError(
           f'--project_layers: {name} has no decoder-blocks argument '
-          f'({" or ".join(decode_speed.BLOCK_KWARGS)})')
+          f'({" or ".join(BLOCK_KWARGS)})')
     overrides = _fit_overrides(kwargs, kwarg, fit_blocks)
     kwargs = dict(kwargs, **overrides)
   n_blocks = n_blocks_of(kwargs)
   model = model_fn(mode='predict', **overrides)
   decode_step.check_model(model)
   options = decode_step.bind_options(model)  # This config's kernels/storage.
-  created = decode_speed.bind_bench_weights(model)  # And its random weights.
+  created = weight_factory.bind_bench_weights(model)  # And its random weights.
   base = None
   if kwarg and n_blocks:
     base = model_fn(mode='predict', **dict(
         overrides, **_base_overrides(kwargs, kwarg)))
     decode_step.bind_options(base, options)
-    decode_speed.bind_bench_weights(base, created)
+    weight_factory.bind_bench_weights(base, created)
   return decode_speed.ModelSpec(name, model, base, n_blocks)
 
 
@@ -196,7 +214,7 @@ def trax_spec_from_gin(name):
 
 
 # ---------------------------------------------------------------------------
-# Running and reporting.
+# Speed of each configuration (and of Trax's reference, or projected).
 
 
 def run(configs, parse, tokens=32, prompt_len=16, repeats=5, seed=0,
@@ -312,139 +330,14 @@ def _add_speedups(result, baseline):
     result['speedup_per_block'] = None
 
 
-def _f(value, fmt):
-  return '-' if value is None else format(value, fmt)
-
-
-HEADER = ('model', 'ms/token', '[min-max]', 'ms/block', 'MB/token',
-          'MB/block', 'bound ms', 'x bound', 'speedup', 'sp/block', 'vs Trax')
-
-
-def format_row(result, baseline):
-  """One table row (a list of strings) for a benchmark result."""
-  speedup = baseline['ms_per_token'] / result['ms_per_token']
-  per_block = None
-  if result.get('ms_per_block') and baseline.get('ms_per_block'):
-    per_block = baseline['ms_per_block'] / result['ms_per_block']
-  mb_block = result.get('bytes_per_block')
-  return [
-      result['name'], _f(result['ms_per_token'], '.1f'),
-      f"[{result['ms_per_token_min']:.1f}-{result['ms_per_token_max']:.1f}]",
-      _f(result.get('ms_per_block'), '.2f'),
-      _f(result['bytes_per_token'] / 1e6, '.1f'),
-      _f(None if mb_block is None else mb_block / 1e6, '.2f'),
-      _f(result.get('bound_ms_per_token'), '.1f'),
-      _f(result.get('achieved_over_bound'), '.2f'),
-      f'{speedup:.2f}x', _f(per_block, '.2f'),
-      _f(result.get('speedup_over_trax'), '.2f')]
-
-
-def _trax_row(trax):
-  return [trax['name'], _f(trax['ms_per_token'], '.1f'),
-          f"[{trax['ms_per_token_min']:.1f}-{trax['ms_per_token_max']:.1f}]",
-          _f(trax.get('ms_per_block'), '.2f')] + ['']*7
-
-
-def _aligned(rows):
-  """Rows of strings as text lines: first column left-, others right-aligned."""
-  widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-  return ['  '.join(c.ljust(w) if i == 0 else c.rjust(w)
-                    for i, (c, w) in enumerate(zip(row, widths))).rstrip()
-          for row in rows]
-
-
-def format_table(report):
-  """The results of `run` as an aligned text table."""
-  models = report['models']
-  rows = [list(HEADER)]
-  for result in models:
-    rows.append(format_row(result, models[0]))
-  for result in models:
-    if 'trax' in result:
-      rows.append(_trax_row(result['trax']))
-  lines = _aligned(rows)
-  settings = report['settings']
-  lines.append(
-      f"batch 1, {settings['tokens']} tokens after a "
-      f"{settings['prompt_len']}-token prompt, {settings['repeats']} repeats;"
-      f" bound = bytes read per token / {report['bandwidth_gbps']:.1f} GB/s "
-      '(GEMV, measured in this run); ms/block and MB/block: (model - model '
-      'without decoder blocks) / blocks')
-  paths = [f"{r['name']}: {r['decode_path']}" for r in models
-           if r.get('decode_path') not in (None, 'xla')]
-  if paths:
-    lines.append('decode path (others: xla): ' + '; '.join(paths))
-  return '\n'.join(lines)
-
-
-PROJECTION_HEADER = (
-    'model', 'measured: blocks', 'ms/token', 'ms/block', 'ms no blocks',
-    'MB/block', 'projected: ms/token', 'MB/token', 'bound ms', 'x bound',
-    'speedup', 'paper: s/token', 'speedup')
-
-
-def format_projection(report):
-  """The results of `run(..., project_layers=L)` as a text table."""
-  models = report['models']
-  paper0 = models[0].get('paper_seconds')
-  rows = [list(PROJECTION_HEADER)]
-  for r in models:
-    paper = r.get('paper_seconds')
-    bound = r.get('projected_bound_ms_per_token')
-    rows.append([
-        r['name'], str(r['n_blocks']), f"{r['ms_per_token']:.1f}",
-        f"{r['ms_per_block']:.2f}", f"{r['ms_no_blocks']:.1f}",
-        f"{r['bytes_per_block'] / 1e6:.1f}",
-        f"{r['projected_ms_per_token']:.1f}",
-        f"{r['projected_bytes_per_token'] / 1e6:.0f}", _f(bound, '.1f'),
-        _f(None if not bound else r['projected_ms_per_token'] / bound, '.2f'),
-        f"{r['projected_speedup']:.2f}x", _f(paper, '.3f'),
-        _f(paper0 / paper if paper and paper0 else None, '.2f')])
-  lines = _aligned(rows)
-  s = report['settings']
-  lines.append(
-      f"measured: each model with {s['fit_blocks']} decoder block(s), no "
-      f"encoder blocks, and without decoder blocks (ms no blocks), batch 1, "
-      f"{s['tokens']} tokens after a {s['prompt_len']}-token input, "
-      f"{s['repeats']} repeats; projected: ms no blocks + "
-      f"{s['project_layers']} x ms/block (bytes likewise); bound = bytes / "
-      f"{report['bandwidth_gbps']:.1f} GB/s (GEMV, this run); paper: "
-      'PAPER_DECODE_SECONDS of the gin config')
-  return '\n'.join(lines)
-
-
-def format_memory_lines(report):
-  """Each model's memory held while timed (weights by layer class and
-  dtype, caches) and the process's peak RSS."""
-  lines = [f"memory {r['name']}: "
-           + decode_speed.format_memory(r['memory_by_kind'])
-           for r in report['models'] if r.get('memory_by_kind')]
-  lines.append(f"peak RSS of this run: {report['peak_rss_bytes'] / 2**30:.2f}"
-               ' GiB (weights are held one group of models at a time)')
-  return '\n'.join(lines)
-
-
-def json_report(report):
-  """`run`'s report as JSON-ready data (numbers and strings only)."""
-  def clean(value):
-    if isinstance(value, dict):
-      return {str(k): clean(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-      return [clean(v) for v in value]
-    if isinstance(value, (np.floating, np.integer)):
-      return value.item()
-    return value
-  return clean(report)
-
-
 # ---------------------------------------------------------------------------
-# XLA operations per decoder block.
+# Logit agreement; XLA operations per decoder block; a traced step.
 
 
 def agreement(configs, parse, tokens=32, prompt_len=16, seed=0, log=print):
   """Logits of each configuration against the first's, same random weights.
 
-  Every model gets the weights `decode_speed.random_weights(seed)` (then its
+  Every model gets the weights `weight_factory.random_weights(seed)` (then its
   own decode storage: bf16/int8 for kernel configs) and decodes `tokens`
   tokens after the same prompt; the others are fed the first model's greedy
   tokens, so logits are compared position by position. One model at a time
@@ -459,7 +352,7 @@ def agreement(configs, parse, tokens=32, prompt_len=16, seed=0, log=print):
   for name, config in configs:
     parse(config, [])
     spec = spec_from_gin(name)
-    if decode_speed.weights_created(spec.model) != 'float32':
+    if weight_factory.weights_created(spec.model) != 'float32':
       raise errors.TerraformerError(
           f"--agreement: {name} sets bench_weights.created = 'stored': "
           'its weights would not be the float32 weights of the others')
@@ -484,26 +377,12 @@ def agreement(configs, parse, tokens=32, prompt_len=16, seed=0, log=print):
   return results
 
 
-def format_agreement(results):
-  rows = [['model', 'decode path', 'max |delta logit|', 'greedy agreement']]
-  for r in results:
-    rows.append([r['name'], r['decode_path'],
-                 f"{r['max_abs_logit_delta']:.3g}",
-                 f"{r['greedy_agreement']:.3f}"])
-  lines = _aligned(rows)
-  first = results[0]
-  lines.append(f"vs {first['name']}: {first['tokens']} tokens fed its greedy "
-               f"choices, same random weights (its max |logit| "
-               f"{first['max_abs_logit']:.3g})")
-  return '\n'.join(lines)
-
-
 def xla_ops(configs, parse, blocks=(1, 3), prompt_len=16, log=print):
   """XLA operations per token and per decoder block of each configuration.
 
   Each model is compiled (from shapes only) with `blocks[0]` and `blocks[1]`
   decoder blocks and one encoder block; per block = the difference of their
-  `decode_speed.xla_op_counts` / the difference of blocks.
+  `step_profile.xla_op_counts` / the difference of blocks.
 
   Returns:
     list of dicts: name, ops_per_token (at blocks[1] blocks), ops_per_block
@@ -515,8 +394,7 @@ def xla_ops(configs, parse, blocks=(1, 3), prompt_len=16, log=print):
     for n in blocks:
       parse(config, [])
       model_fn, _, kwargs = configured_model()
-      kwarg = decode_speed.blocks_kwarg(model_fn) or next(
-          (k for k in decode_speed.BLOCK_KWARGS if k in kwargs), None)
+      kwarg = blocks_kwarg(model_fn, kwargs)
       if not kwarg:
         raise errors.TerraformerError(
             f'--xla_ops: {name} has no decoder-blocks argument')
@@ -524,7 +402,7 @@ def xla_ops(configs, parse, blocks=(1, 3), prompt_len=16, log=print):
       if 'n_encoder_layers' in kwargs:
         overrides['n_encoder_layers'] = 1
       log(f'xla ops: {name}, {n} decoder blocks...')
-      counts.append(decode_speed.xla_op_counts(
+      counts.append(step_profile.xla_op_counts(
           model_fn(mode='predict', **overrides), prompt_len))
     kinds = set(counts[0]) | set(counts[1])
     by_kind = {k: (counts[1].get(k, 0) - counts[0].get(k, 0)) /
@@ -537,12 +415,37 @@ def xla_ops(configs, parse, blocks=(1, 3), prompt_len=16, log=print):
   return results
 
 
-def format_xla_ops(results):
-  return '\n'.join(
-      f"{r['name']:<28} {r['ops_per_block']:5.1f} XLA ops/block  "
-      + ', '.join(f'{k} {v:g}' for k, v in sorted(
-          r['ops_per_block_by_kind'].items(), key=lambda kv: -kv[1]))
-      for r in results)
+def profile(configs, parse, profile_dir, tokens=32, prompt_len=16, seed=0,
+            log=print):
+  """A jax.profiler trace of `tokens` decoding steps of each configuration,
+  and where a step's time goes (`step_profile.summarize`).
+
+  Each model is warmed up first (compiles, untimed), then one
+  `DecodeTimer.repeat` runs under the trace, written to
+  `profile_dir/<name>`.
+
+  Returns:
+    list of dicts: name, config, trace_dir, tokens and summary (see
+    `step_profile.summarize`).
+  """
+  report = []
+  for name, config in configs:
+    parse(config, [])
+    model_fn, _, _ = configured_model()
+    timer = decode_speed.DecodeTimer(model_fn(mode='predict'), tokens,
+                                     prompt_len, seed)
+    log(f'profile: {name}, warm-up (compiles)...')
+    timer.warm_up()
+    trace_dir = os.path.join(profile_dir, name.replace(os.sep, '_'))
+    with jax.profiler.trace(trace_dir):
+      timer.repeat()
+    hlo, module = timer.compiled_step_text(), timer.step_module
+    timer.close()
+    summary = step_profile.summarize(trace_dir, module, tokens,
+                                     decode_speed.TIMED_STEPS, hlo)
+    report.append({'name': name, 'config': config, 'trace_dir': trace_dir,
+                   'tokens': tokens, 'summary': summary})
+  return report
 
 
 # ---------------------------------------------------------------------------
@@ -589,7 +492,7 @@ def user_path(configs, parse, tokens=16, prompt_len=16, repeats=3, seed=0,
     model = spec_from_gin(name).model
     signature = decode_step.predict_signature(model, prompt_len)
     weight_shapes, state_shapes = decode_step.init_shapes(model, signature)
-    model.weights = decode_speed.random_weights(weight_shapes, seed, model)
+    model.weights = weight_factory.random_weights(weight_shapes, seed, model)
     prompt = np.random.default_rng(seed).integers(
         2, 100, size=(1, prompt_len)).astype(np.int32)
 
@@ -627,28 +530,6 @@ def user_path(configs, parse, tokens=16, prompt_len=16, repeats=3, seed=0,
           'models': results}
 
 
-def format_user_path(report):
-  """`user_path`'s report as a text table."""
-  rows = [['model', 'ours ms/token', 'Trax ms/token', 'Trax / ours',
-           'ours 1st call s', 'Trax 1st call s', 'same tokens']]
-  for r in report['models']:
-    rows.append([r['name'], f"{r['ours_ms_per_token']:.1f}",
-                 f"{r['trax_ms_per_token']:.1f}",
-                 f"{r['trax_over_ours']:.1f}x",
-                 f"{r['ours_first_call_s']:.1f}",
-                 f"{r['trax_first_call_s']:.1f}",
-                 'yes' if r['same_tokens'] else 'NO'])
-  lines = _aligned(rows)
-  s = report['settings']
-  lines.append(
-      f"whole greedy decode calls, batch 1, {s['tokens']} tokens after a "
-      f"{s['prompt_len']}-token input, median of {s['repeats']} calls after "
-      'the first: ours = terraformer.decoding.search.decode, Trax = '
-      'trax.supervised.decoding.autoregressive_sample; 1st call includes '
-      'compilation')
-  return '\n'.join(lines)
-
-
 # ---------------------------------------------------------------------------
 # The d_model sweep.
 
@@ -675,12 +556,15 @@ def sweep_bindings(selector, kwargs, d_model):
 
 
 def sweep(configs, parse, d_models=DEFAULT_SWEEP_D_MODELS, tokens=16,
-          prompt_len=16, repeats=3, seed=0, memory_budget=None, log=print):
+          prompt_len=16, repeats=3, seed=0, memory_budget=None, log=print,
+          on_row=None):
   """Speed of each configuration at each d_model; speedups over the first.
 
   Args:
     configs: list of (name, config); the first is the baseline (dense).
     parse: function(config, extra_bindings) parsing that gin configuration.
+    on_row: called with each row (see below) as soon as it is measured, so
+      that a long sweep shows its results as it goes.
 
   Returns:
     dict: bandwidth_gbps, d_models, rows: one per d_model with, per
@@ -707,53 +591,9 @@ def sweep(configs, parse, d_models=DEFAULT_SWEEP_D_MODELS, tokens=16,
     for name, _ in configs:
       _add_speedups(row['models'][name], baseline)
     rows.append(row)
-    log(format_sweep({'rows': [row], 'names': [n for n, _ in configs]}))
+    if on_row:
+      on_row(row)
   return {'bandwidth_gbps': bandwidth, 'd_models': list(d_models),
           'names': [n for n, _ in configs], 'rows': rows,
           'settings': dict(tokens=tokens, prompt_len=prompt_len,
                            repeats=repeats, seed=seed, batch_size=1)}
-
-
-def format_sweep(report):
-  """Sweep table: ms/token, ms/block and speedups per d_model."""
-  names = report['names']
-  lines = []
-  for row in report['rows']:
-    for name in names:
-      r = row['models'][name]
-      lines.append(
-          f"d_model {row['d_model']:>5}  {name:<24} "
-          f"{r['ms_per_token']:8.2f} ms/token  "
-          f"{_f(r.get('ms_per_block'), '7.3f')} ms/block  "
-          f"x bound {_f(r.get('achieved_over_bound'), '.2f')}  "
-          f"speedup {r['speedup']:.2f}x  "
-          f"per block {_f(r.get('speedup_per_block'), '.2f')}x")
-  return '\n'.join(lines)
-
-
-def plot_sweep(report, path):
-  """Writes a PNG: speedup over the first configuration vs d_model."""
-  import matplotlib  # pylint: disable=g-import-not-at-top
-  matplotlib.use('Agg')
-  from matplotlib import pyplot as plt  # pylint: disable=g-import-not-at-top
-  d_models = [row['d_model'] for row in report['rows']]
-  fig, ax = plt.subplots(figsize=(6, 4))
-  for name in report['names'][1:]:
-    for key, style, label in (('speedup', 'o-', 'whole model'),
-                              ('speedup_per_block', 's--', 'per block')):
-      values = [row['models'][name].get(key) for row in report['rows']]
-      if any(v is None for v in values):
-        continue
-      ax.plot(d_models, values, style, label=f'{name}, {label}')
-  ax.set_xscale('log', base=2)
-  ax.set_xticks(d_models)
-  ax.set_xticklabels([str(d) for d in d_models])
-  ax.set_xlabel('d_model')
-  ax.set_ylabel(f'speedup over {report["names"][0]}')
-  ax.set_title('Unbatched decoding, one token (CPU)')
-  ax.axhline(1.0, color='gray', linewidth=0.5)
-  ax.grid(True, alpha=0.3)
-  ax.legend(fontsize=8)
-  fig.tight_layout()
-  fig.savefig(path, dpi=100)
-  plt.close(fig)

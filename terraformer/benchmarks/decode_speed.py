@@ -2,441 +2,29 @@
 
 The paper's headline figure is the time to decode ONE token, batch 1, on CPU.
 That step is memory-bound: it reads every weight it touches once and does
-little arithmetic per byte. So next to the measured time this module counts
-the bytes of weights and caches a step reads and turns them into a bound,
-`bytes / GEMV bandwidth` (the bandwidth measured in the same process): a
-sparse model is fast because it reads few bytes, and an implementation is
-good when it runs close to that bound.
+little arithmetic per byte. So next to the measured time each result carries
+the bytes of weights and caches a step reads (`bytes_read.step_bytes`) and
+the bound they give, `bytes / GEMV bandwidth` (the bandwidth measured in the
+same process, `gemv_bandwidth`): a sparse model is fast because it reads few
+bytes, and an implementation is good when it runs close to that bound.
 
 The step timed is `terraformer.decoding.step.make_step`, the one decoding
-uses; this module gives it random weights, times it and counts its bytes.
+uses, with random weights (`weight_factory`); this module times it.
 """
 import contextlib
 import collections
-import functools
 import gc
-import inspect
-import math
-import re
 import resource
 import time
 import warnings
 
-import gin
 import jax
 import jax.numpy as jnp
 import numpy as np
-from trax import layers as tl
-from trax.layers import attention as trax_attention
-from trax.layers import combinators as trax_combinators
-from trax.layers import core as trax_core
 
-from terraformer import errors
+from terraformer.benchmarks import bytes_read
+from terraformer.benchmarks import weight_factory
 from terraformer.decoding import step as decode_step
-from terraformer.kernels import layers as kernel_layers
-from terraformer.layers.lsh_attention import CausalDotProductAttention
-from terraformer.layers.prefix_attention import PrefixCausalAttention
-from terraformer.layers.ops import bucket_for
-from terraformer.layers.sparse_ff import SparseFF
-
-# Most random values `random_weights` draws per array (2^22, 16 MB).
-RANDOM_BLOCK = 1 << 22
-# Keyword arguments of model functions that set the number of decoder blocks.
-BLOCK_KWARGS = ('n_decoder_layers', 'n_layers')
-
-# ---------------------------------------------------------------------------
-# Shape-correct random weights, without running the initializers.
-
-
-def _run_once_mask(model, weights):
-  """Tree like `weights`: True for leaves of layers under a tl.Cache.
-
-  Those layers (the encoder, the encoder-decoder keys and values) run on the
-  first call only; decoding steps never read their weights.
-  """
-  return kernel_layers.map_leaf_layers(
-      model, weights,
-      lambda layer, w, run_once: jax.tree_util.tree_map(
-          lambda _: run_once, w))
-
-
-@functools.partial(jax.jit, static_argnums=(2, 3))
-def _repeated(block, scale, shape, dtype):
-  """`block` repeated in flat order to fill `shape`, times `scale`, as
-  `dtype`: one fused XLA loop, so only the result is allocated (numpy's
-  np.resize + a copy to JAX held the matrix up to three times)."""
-  size = math.prod(shape)
-  flat = jnp.tile(block.ravel(), -(-size // block.size))[:size]
-  return (flat * scale).reshape(shape).astype(dtype)
-
-
-def random_weights(weight_shapes, seed=0, model=None):
-  """Random arrays in place of a weights tree of shapes (fast, no init).
-
-  Matrices get N(0, 1/fan_in), vectors N(0, 0.02^2) (arrays over
-  RANDOM_BLOCK values repeat their first RANDOM_BLOCK): decoding speed does
-  not depend on the values, but they must stay finite through the layers.
-  Given the `model`, the weights of layers that only run on the first call
-  (under tl.Cache: the encoder) share one array per shape, to save memory;
-  every weight a decoding step reads is its own array. Leaves that are
-  already arrays (not jax.ShapeDtypeStruct) are kept.
-  """
-  rng = np.random.default_rng(seed)
-  shared = {}
-
-  def fill(leaf, run_once=False):
-    if isinstance(leaf, (jax.Array, np.ndarray)):
-      return leaf
-    key = (leaf.shape, jnp.dtype(leaf.dtype).name)
-    if run_once and key in shared:
-      return shared[key]
-    size = math.prod(leaf.shape)
-    if not jnp.issubdtype(leaf.dtype, jnp.floating):
-      value = jnp.zeros(leaf.shape, leaf.dtype)
-    else:
-      # Arrays larger than RANDOM_BLOCK (the 17B ones) repeat one random
-      # block: drawing gigabytes of normals would take minutes.
-      block = rng.standard_normal(min(size, RANDOM_BLOCK), dtype=np.float32)
-      scale = (1.0 / np.sqrt(leaf.shape[0])) if len(leaf.shape) >= 2 else (
-          0.02)
-      if size > RANDOM_BLOCK:
-        value = _repeated(block, np.float32(scale), leaf.shape, leaf.dtype)
-      else:
-        block *= scale
-        value = jnp.asarray(block.reshape(leaf.shape), dtype=leaf.dtype)
-    if run_once:
-      shared[key] = value
-    return value
-
-  if model is None:
-    return jax.tree_util.tree_map(fill, weight_shapes)
-  return jax.tree_util.tree_map(fill, weight_shapes,
-                                _run_once_mask(model, weight_shapes))
-
-
-def random_stored_matrix(shape, storage, rng):
-  """(matrix, (row scales,) or ()): a random N(0, 1/shape[0]) matrix of
-  `shape` created directly in `storage`, as `kernel_layers._store` stores one.
-
-  A block of whole rows (at most RANDOM_BLOCK values) is drawn in float32
-  and stored (int8: `kernel_layers.quantize_rows`, so each row spans -127..127
-  like a quantized random matrix, with its own scale); the matrix repeats
-  those rows. Only the stored matrix is allocated at full size.
-  """
-  rows, cols = shape[0], math.prod(shape[1:])
-  n = max(1, min(rows, RANDOM_BLOCK // max(cols, 1)))
-  block = rng.standard_normal((n, cols), dtype=np.float32)
-  block *= 1.0 / np.sqrt(rows)
-  one = np.float32(1)
-  if storage == 'int8':
-    q, scale = kernel_layers.quantize_rows(block)
-    return (_repeated(q.astype(jnp.float32), one, tuple(shape), jnp.int8),
-            (_repeated(scale, one, (rows,), jnp.float32),))
-  return _repeated(block, one, tuple(shape), jnp.dtype(storage)), ()
-
-
-def random_stored_weights(model, weight_shapes, storage, seed=0):
-  """Random weights made directly in the decode storage (int8, bfloat16).
-
-  `model` must have its kernel layers installed (`decode_step.make_step`
-  does it). The kernel layers' matrices, those `kernel_layers.store_weights`
-  would convert, are created one at a time by `random_stored_matrix` in
-  `storage` (int8 with float32 row scales); every other weight is float32
-  from `random_weights` (run-once weights shared per shape). The result has
-  the structure, shapes and dtypes of `store_weights(model,
-  random_weights(weight_shapes, ...), storage)`, but no float32 copy of a
-  kernel matrix is ever made: how the 17B models fit in memory.
-  """
-  rng = np.random.default_rng(seed + 1)
-  stored = kernel_layers.store_weights(
-      model, weight_shapes, storage,
-      lambda shape, storage_: random_stored_matrix(shape.shape, storage_, rng))
-  return random_weights(stored, seed, model)
-
-
-# How terraformer-bench makes a model's random weights.
-WEIGHT_SOURCES = ('float32', 'stored')
-_WEIGHTS_ATTR = '_terraformer_bench_weights'
-
-
-@gin.configurable(module='terraformer')
-def bench_weights(created='float32'):
-  """How terraformer-bench creates random weights (gin; checked).
-
-  created: 'float32': a float32 tree that the step converts to
-    `decode_options.weights` (every storage of one config then decodes the
-    same weights: --agreement); 'stored': the kernel layers' matrices made
-    directly in `decode_options.weights` (`random_stored_weights`), never a
-    float32 copy: the 17B models in int8.
-  """
-  if created not in WEIGHT_SOURCES:
-    raise errors.TerraformerError(
-        f'bench_weights.created must be one of {WEIGHT_SOURCES}, got '
-        f'{created!r}')
-  return created
-
-
-def bind_bench_weights(model, created=None):
-  """Fixes `model`'s `bench_weights` now (default: the gin one)."""
-  setattr(model, _WEIGHTS_ATTR, created or bench_weights())
-  return getattr(model, _WEIGHTS_ATTR)
-
-
-def weights_created(model):
-  """`model`'s bound bench_weights, else the gin one."""
-  return getattr(model, _WEIGHTS_ATTR, None) or bench_weights()
-
-
-def decode_weights(model, weight_shapes, seed=0, step=None):
-  """Random weights of `model` in its decode storage, as bench_weights says
-  (`step`: its `decode_step.make_step`, made here if not given)."""
-  step = step or decode_step.make_step(model)
-  _, storage = decode_step.model_options(model)
-  if weights_created(model) == 'stored':
-    return random_stored_weights(model, weight_shapes, storage, seed)
-  return step.store_weights(random_weights(weight_shapes, seed, model))
-
-
-def memory_by_kind(model, weights):
-  """{'<layer class> <dtype>[ (under tl.Cache)]': bytes} of `weights`
-  (arrays or shapes), each array counted once (`random_weights` shares the
-  arrays of layers under tl.Cache, the encoder's, per shape; the shared
-  embedding is the encoder's too)."""
-  seen, out = set(), collections.Counter()
-
-  def count(layer, w, run_once):
-    for leaf in jax.tree_util.tree_leaves(w):
-      if id(leaf) in seen or not hasattr(leaf, 'dtype'):
-        continue
-      seen.add(id(leaf))
-      kind = f'{type(layer).__name__} {jnp.dtype(leaf.dtype).name}'
-      out[kind + (' (under tl.Cache)' if run_once else '')] += _nbytes(leaf)
-    return w
-
-  kernel_layers.map_leaf_layers(model, weights, count)
-  return dict(out)
-
-
-def weights_memory(weight_shapes, model=None):
-  """Bytes `random_weights(weight_shapes, model=model)` allocates."""
-  if model is None:
-    return _nbytes(weight_shapes)
-  total, seen = 0, set()
-  for leaf, run_once in zip(
-      jax.tree_util.tree_leaves(weight_shapes),
-      jax.tree_util.tree_leaves(_run_once_mask(model, weight_shapes))):
-    key = (leaf.shape, jnp.dtype(leaf.dtype).name)
-    if run_once and key in seen:
-      continue
-    if run_once:
-      seen.add(key)
-    total += _nbytes(leaf)
-  return total
-
-
-# ---------------------------------------------------------------------------
-# Bytes a decoding step reads.
-
-
-def _nbytes(tree):
-  return sum(int(np.prod(leaf.shape, dtype=np.int64)) * leaf.dtype.itemsize
-             for leaf in jax.tree_util.tree_leaves(tree))
-
-
-def _row_bytes(array, n_rows):
-  """Bytes of `n_rows` slices array[i] (rows of the leading axis)."""
-  return n_rows * int(np.prod(array.shape[1:], dtype=np.int64)) * (
-      array.dtype.itemsize)
-
-
-def _leaf_layer_bytes(layer, weights, state, position, n_tokens,
-                      encoder_len=0):
-  """Bytes one step reads from a layer without sublayers.
-
-  Default: all its weights and all its state (caches). Layers known to read
-  less say so here; the code they describe is their predict-mode forward.
-  """
-  if isinstance(layer, SparseFF):
-    # Controller (C1, C2, c), b2; one row of W1ᵀ and W2 per block per token
-    # (SparseFF._forward_selected_rows).
-    c1, c2, c, w1t, w2, b2 = weights[:6]
-    rows = n_tokens * layer.n_blocks
-    # int8 storage (terraformer/kernels): one scale per selected row too.
-    scales = sum(_row_bytes(s, rows) for s in weights[6:])
-    return (_nbytes((c1, c2, c, b2)) + _row_bytes(w1t, rows)
-            + _row_bytes(w2, rows) + scales)
-  if isinstance(layer, trax_core.Dropout) and layer._mode != 'train':  # pylint: disable=protected-access
-    return 0  # Its state (the rate) is only read in train mode.
-  if isinstance(layer, trax_core.Embedding):
-    return _row_bytes(weights, n_tokens)
-  if isinstance(layer, trax_attention.PositionalEncoding):
-    table = weights[0] if isinstance(weights, (tuple, list)) else weights
-    return _row_bytes(table.reshape((-1, table.shape[-1])), n_tokens) + (
-        _nbytes(state))
-  if isinstance(layer, PrefixCausalAttention) and len(state) == 3:
-    # Keys and values [batch * heads, max_len, d_head]: the step reads the
-    # smallest bucket holding positions 0..position.
-    keys, values, index = state
-    size = bucket_for(position + n_tokens, keys.shape[1],
-                      min_bucket=layer.buckets[0])
-    per_position = lambda a: _nbytes(a) // a.shape[1]
-    return size * (per_position(keys) + per_position(values)) + _nbytes(index)
-  if isinstance(layer, CausalDotProductAttention) and len(state) == 4:
-    # The Terraformer's decoder cache [batch * heads, max_len, ...] holds the
-    # encoder_len encoder positions, then the decoder's: the step reads the
-    # keys, values and validity of the smallest bucket holding them all.
-    keys, values, valid, index = state
-    size = bucket_for(encoder_len + position + n_tokens, keys.shape[1],
-                      min_bucket=layer.buckets[0])
-    per_position = lambda a: _nbytes(a) // a.shape[1]
-    return size * sum(per_position(a) for a in (keys, values, valid)) + (
-        _nbytes(index))
-  return _nbytes(weights) + _nbytes(state)
-
-
-def _layer_bytes(layer, weights, state, position, n_tokens, out,
-                 encoder_len=0):
-  if isinstance(weights, dict) and weights == tl.GET_WEIGHTS_FROM_CACHE:
-    weights = layer.weights  # A shared layer, read again at each use.
-  if isinstance(layer, trax_combinators.Cache):
-    cached, sub_state = state
-    if not (isinstance(cached, tuple) and not cached):
-      # After the first call: the cached outputs are read, the layer not run.
-      out['Cache'] += _nbytes(cached)
-      return
-    _layer_bytes(layer.sublayer, weights[0], sub_state, position, n_tokens,
-                 out, encoder_len)
-    return
-  subs = layer.sublayers
-  if subs:
-    for i, sub in enumerate(subs):
-      sub_w = weights[i] if len(weights) == len(subs) else ()
-      sub_s = state[i] if (isinstance(state, (tuple, list))
-                           and len(state) == len(subs)) else ()
-      _layer_bytes(sub, sub_w, sub_s, position, n_tokens, out, encoder_len)
-    return
-  n = _leaf_layer_bytes(layer, weights, state, position, n_tokens,
-                        encoder_len)
-  if n:
-    out[type(layer).__name__] += n
-
-
-def step_bytes(model, weights, state, position, n_tokens=1, encoder_len=0):
-  """Bytes of weights and caches one predict step reads, by layer class.
-
-  Args:
-    model: predict-mode Trax layer.
-    weights: its weights (arrays or ShapeDtypeStructs).
-    state: its state (or shapes) at the step, after the first call (the
-      encoder then is cached and not run again).
-    position: decoder position of the token the step decodes (0 first).
-    n_tokens: tokens per step (batch size; 1 unbatched).
-    encoder_len: encoder positions ahead of the decoder's in a decoder cache
-      that holds both (the Terraformer's `CausalDotProductAttention`: its
-      first call primes the cache with the encoder_len encoder positions, so
-      decoder position p sits at cache index encoder_len + p).
-
-  Returns:
-    {layer class name: bytes}; activations (vectors of d_model floats) are
-    not counted.
-  """
-  out = collections.Counter()
-  _layer_bytes(model, weights, state, position, n_tokens, out, encoder_len)
-  return dict(out)
-
-
-# ---------------------------------------------------------------------------
-# XLA operations a step runs.
-
-# HLO instructions of the entry computation that do no work at run time.
-_FREE_HLO_OPS = ('parameter', 'constant', 'get-tuple-element', 'tuple',
-                 'bitcast')
-
-
-def xla_op_counts(model, prompt_len=16):
-  """{HLO op kind: count} of the compiled steady-state decoding step.
-
-  Counts the instructions of the optimized entry computation (each fusion,
-  dot, copy, conditional, ... is one operation the CPU runtime launches per
-  token), without the free ones. A `conditional` runs one of its branches:
-  the operations of its largest branch count too (`hlo_op_counts`), so a
-  `lax.switch` does not hide the work it runs. Compiled from shapes only: no
-  weights are allocated.
-  """
-  signature = decode_step.predict_signature(model, prompt_len)
-  weights, state = decode_step.init_shapes(model, signature)
-  scalars = lambda tree: jax.tree_util.tree_map(
-      lambda s: np.zeros((), s.dtype), tree)
-  step = decode_step.make_step(model)
-  weights = jax.eval_shape(step.store_weights, weights)
-  model.weights, model.state = scalars(weights), scalars(state)
-  jitted = step.jitted
-  x = jax.tree_util.tree_map(
-      lambda s: jax.ShapeDtypeStruct(s.shape, s.dtype), signature)
-  rng = jax.random.PRNGKey(0)
-  _, steady = jax.eval_shape(jitted, x, weights, state, rng)  # tl.Cache full
-  return hlo_op_counts(jitted.lower(x, weights, steady, rng).compile()
-                       .as_text())
-
-
-def _hlo_computations(text):
-  """{computation name: [(op kind, instruction text)]}, and the entry's."""
-  computations, entry, name = {}, None, None
-  for line in text.split('\n'):
-    header = re.match(r'(ENTRY )?%?([\w.-]+) \(.*\{$', line)
-    if header and not line.startswith(' '):
-      name = header.group(2)
-      computations[name] = []
-      if header.group(1):
-        entry = name
-    elif line.startswith('}'):
-      name = None
-    elif name is not None and ' = ' in line:
-      match = re.search(r' ([a-z][\w-]*)\(', ' ' + line.split(' = ', 1)[1])
-      computations[name].append((match.group(1) if match else '?', line))
-  return computations, entry
-
-
-def hlo_op_counts(text):
-  """{op kind: count} of an optimized HLO module's entry computation.
-
-  Free instructions (parameters, constants, tuples, bitcasts) do not count;
-  a `conditional` counts once plus the operations of its largest branch; a
-  `while` once plus one pass of its condition and body (the trip count is
-  not known here); a `call` its callee's operations.
-  """
-  computations, entry = _hlo_computations(text)
-
-  def count(name, seen=()):
-    counts = collections.Counter()
-    for kind, line in computations.get(name, ()):
-      if kind in _FREE_HLO_OPS:
-        continue
-      if kind != 'call':
-        counts[kind] += 1
-      if name in seen:
-        continue
-      inner = seen + (name,)
-      if kind == 'conditional':
-        branches = re.search(r'branch_computations=\{([^}]*)\}', line)
-        names = ([b.strip().lstrip('%') for b in branches.group(1).split(',')]
-                 if branches else re.findall(
-                     r'(?:true|false)_computation=%?([\w.-]+)', line))
-        counts.update(max((count(b, inner) for b in names),
-                          key=lambda c: sum(c.values()),
-                          default=collections.Counter()))
-      elif kind == 'while':
-        for key in ('condition', 'body'):
-          callee = re.search(key + r'=%?([\w.-]+)', line)
-          if callee:
-            counts.update(count(callee.group(1), inner))
-      elif kind == 'call':
-        callee = re.search(r'to_apply=%?([\w.-]+)', line)
-        if callee:
-          counts.update(count(callee.group(1), inner))
-    return counts
-
-  return dict(count(entry))
 
 
 # ---------------------------------------------------------------------------
@@ -507,7 +95,8 @@ class DecodeTimer:
         model, self.signature)
     step = decode_step.make_step(model)
     # Kernel layers' weights in their decode storage (bf16/int8), if asked.
-    self.weights = decode_weights(model, weight_shapes, seed, step)
+    self.weights = weight_factory.decode_weights(model, weight_shapes, seed,
+                                                 step)
     self.decode_path = decode_step.describe_options(
         decode_step.model_options(model))
     self.prompt = jnp.asarray(np.random.default_rng(seed).integers(
@@ -608,8 +197,9 @@ class DecodeTimer:
     totals = collections.Counter()
     for position in range(self.first_position,
                           self.first_position + self.tokens):
-      totals.update(step_bytes(self.model, self.weights, self.steady_state,
-                               position, encoder_len=self.encoder_len))
+      totals.update(bytes_read.step_bytes(
+          self.model, self.weights, self.steady_state, position,
+          encoder_len=self.encoder_len))
     by_layer = {k: v / self.tokens for k, v in totals.items()}
     return by_layer, sum(by_layer.values())
 
@@ -619,11 +209,11 @@ class DecodeTimer:
                for l in jax.tree_util.tree_leaves(self.weights))
 
   def memory_by_kind(self):
-    """{kind: bytes} of the weights held (`memory_by_kind`) and 'state
-    (caches)' after the first call."""
-    out = memory_by_kind(self.model, self.weights)
+    """{kind: bytes} of the weights held (`weight_factory.memory_by_kind`)
+    and 'state (caches)' after the first call."""
+    out = weight_factory.memory_by_kind(self.model, self.weights)
     if self.steady_state is not None:
-      out['state (caches)'] = _nbytes(self.steady_state)
+      out['state (caches)'] = bytes_read.nbytes(self.steady_state)
     return out
 
   def close(self):
@@ -633,14 +223,6 @@ class DecodeTimer:
     self.model.state = to_none(self.model.state)
     self.weights = None
     self._step = None
-
-
-def format_memory(by_kind):
-  """'12.3 GiB: KernelDense int8 8.1, ...' (GiB, largest first)."""
-  gib = lambda n: n / 2**30
-  parts = ', '.join(f'{k} {gib(v):.2f}' for k, v in sorted(
-      by_kind.items(), key=lambda kv: -kv[1]) if gib(v) >= 0.005)
-  return f'{gib(sum(by_kind.values())):.2f} GiB held: {parts}'
 
 
 def peak_rss_bytes():
@@ -688,10 +270,11 @@ def time_models(models, tokens=32, prompt_len=16, repeats=5, seed=0,
         model, decode_step.predict_signature(model, prompt_len))
     all_shapes.append(shapes_)
     weight_shapes = shapes_[0]
-    if weights_created(model) == 'stored':
+    if weight_factory.weights_created(model) == 'stored':
       weight_shapes = jax.eval_shape(decode_step.prepare_model(model),
                                      weight_shapes)
-    sizes.append(weights_memory(weight_shapes, model) + _nbytes(shapes_[1]))
+    sizes.append(weight_factory.weights_memory(weight_shapes, model)
+                 + bytes_read.nbytes(shapes_[1]))
   groups, group, used = [], [], 0
   for i, size in enumerate(sizes):
     if group and used + size > memory_budget:
@@ -713,8 +296,8 @@ def time_models(models, tokens=32, prompt_len=16, repeats=5, seed=0,
       timers[i].warm_up()
       step_bytes_[i] = timers[i].step_bytes()
       if log:
-        log(f'model {i + 1}/{len(models)}: ' + format_memory(
-            timers[i].memory_by_kind()))
+        held = sum(timers[i].memory_by_kind().values())
+        log(f'model {i + 1}/{len(models)}: {held / 2**30:.2f} GiB held')
     if log:
       log(f'timing {len(group)} model(s) together: {repeats} rounds')
     times = {i: [] for i in group}
@@ -753,18 +336,6 @@ ModelSpec.__doc__ = """A model to benchmark.
     encoder and logits), for the per-block figures; None if not available.
   n_blocks: number of decoder blocks of `model`, or None if unknown.
 """
-
-
-def blocks_kwarg(model_fn):
-  """The keyword of `model_fn` setting its decoder blocks, or None."""
-  try:
-    params = inspect.signature(model_fn).parameters
-  except (TypeError, ValueError):
-    return None
-  for name in BLOCK_KWARGS:
-    if name in params:
-      return name
-  return None
 
 
 def _result(spec, full, base, bandwidth_gbps):

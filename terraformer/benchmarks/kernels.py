@@ -16,6 +16,7 @@ import jax.numpy as jnp
 import numpy as np
 from trax import shapes
 
+from terraformer.benchmarks import bytes_read
 from terraformer.benchmarks import decode_speed
 from terraformer import kernels
 from terraformer.kernels import layers as kernel_layers
@@ -43,7 +44,7 @@ def _calls(make, x):
     if storage is not None:
       kernel_layers.install(layer)
       weights = kernel_layers.store_weights(layer, weights, storage)
-    n_bytes = sum(decode_speed.step_bytes(layer, weights, state, 0).values())
+    n_bytes = sum(bytes_read.step_bytes(layer, weights, state, 0).values())
     fn = jax.jit(layer.pure_fn)
     calls[name] = ((lambda f=fn, w=weights, s=state:
                     f(x, w, s, jax.random.PRNGKey(0))[0]), n_bytes)

@@ -1,25 +1,125 @@
-"""Where a decode step's time goes, read from a jax.profiler trace.
+"""What a compiled decode step runs, and where its time goes.
 
-`terraformer-bench --profile_dir=DIR` traces `--tokens` decoding steps of
-each model and prints this summary of the trace: the steady-state step
-program's XLA operations (XLA:CPU records one event per operation it runs),
-their self time per step (an operation's time minus the operations nested in
-it, e.g. a `conditional`'s branch), summed by kind (`ffi_call`: the fused
-kernels; `ynn_fusion`: XNNPACK; `fusion`/`wrapped_*`: XLA's loops; ...), and
-the slowest operations, each with its line of the compiled HLO (the kernel's
-target and shapes). Only the timed steps count (DecodeTimer marks them with
-an annotation), not the prompt. Time summed over threads: with the kernels or XLA's
-intra-op pool running on 2 cores it can exceed the step's wall time.
+Read from the optimized HLO of the step (`terraformer.decoding.step`'s jitted
+one) and from a jax.profiler trace of it:
+
+- `xla_op_counts` / `hlo_op_counts`: the XLA operations of the steady-state
+  step, by kind (`terraformer-bench --xla_ops`): on CPU each one is a launch
+  per token, so a small model can be operation-bound, not memory-bound.
+- `summarize`: `terraformer-bench --profile_dir=DIR` traces `--tokens`
+  decoding steps of each model; the step program's XLA operations (XLA:CPU
+  records one event per operation it runs), their self time per step (an
+  operation's time minus the operations nested in it, e.g. a `conditional`'s
+  branch), summed by kind (`ffi_call`: the fused kernels; `ynn_fusion`:
+  XNNPACK; `fusion`/`wrapped_*`: XLA's loops; ...), and the slowest
+  operations, each with its line of the compiled HLO (the kernel's target and
+  shapes). Only the timed steps count (DecodeTimer marks them with an
+  annotation), not the prompt. Time summed over threads: with the kernels or
+  XLA's intra-op pool running on 2 cores it can exceed the step's wall time.
 """
 import collections
 import glob
 import os
 import re
 
+import jax
+import numpy as np
+
+from terraformer.decoding import step as decode_step
+
 # `name = shape opcode(...)` of an optimized HLO instruction.
 _HLO_LINE = re.compile(r'^\s*(?:ROOT\s+)?%?([\w.\-]+)\s*=\s*(\S+)\s+([\w\-]+)\(')
 _TARGET = re.compile(r'custom_call_target="([^"]+)"')
 _OP_NAME = re.compile(r'op_name="([^"]+)"')
+# HLO instructions of the entry computation that do no work at run time.
+_FREE_HLO_OPS = ('parameter', 'constant', 'get-tuple-element', 'tuple',
+                 'bitcast')
+
+
+def xla_op_counts(model, prompt_len=16):
+  """{HLO op kind: count} of the compiled steady-state decoding step.
+
+  Counts the instructions of the optimized entry computation (each fusion,
+  dot, copy, conditional, ... is one operation the CPU runtime launches per
+  token), without the free ones. A `conditional` runs one of its branches:
+  the operations of its largest branch count too (`hlo_op_counts`), so a
+  `lax.switch` does not hide the work it runs. Compiled from shapes only: no
+  weights are allocated.
+  """
+  signature = decode_step.predict_signature(model, prompt_len)
+  weights, state = decode_step.init_shapes(model, signature)
+  scalars = lambda tree: jax.tree_util.tree_map(
+      lambda s: np.zeros((), s.dtype), tree)
+  step = decode_step.make_step(model)
+  weights = jax.eval_shape(step.store_weights, weights)
+  model.weights, model.state = scalars(weights), scalars(state)
+  jitted = step.jitted
+  x = jax.tree_util.tree_map(
+      lambda s: jax.ShapeDtypeStruct(s.shape, s.dtype), signature)
+  rng = jax.random.PRNGKey(0)
+  _, steady = jax.eval_shape(jitted, x, weights, state, rng)  # tl.Cache full
+  return hlo_op_counts(jitted.lower(x, weights, steady, rng).compile()
+                       .as_text())
+
+
+def _hlo_computations(text):
+  """{computation name: [(op kind, instruction text)]}, and the entry's."""
+  computations, entry, name = {}, None, None
+  for line in text.split('\n'):
+    header = re.match(r'(ENTRY )?%?([\w.-]+) \(.*\{$', line)
+    if header and not line.startswith(' '):
+      name = header.group(2)
+      computations[name] = []
+      if header.group(1):
+        entry = name
+    elif line.startswith('}'):
+      name = None
+    elif name is not None and ' = ' in line:
+      match = re.search(r' ([a-z][\w-]*)\(', ' ' + line.split(' = ', 1)[1])
+      computations[name].append((match.group(1) if match else '?', line))
+  return computations, entry
+
+
+def hlo_op_counts(text):
+  """{op kind: count} of an optimized HLO module's entry computation.
+
+  Free instructions (parameters, constants, tuples, bitcasts) do not count;
+  a `conditional` counts once plus the operations of its largest branch; a
+  `while` once plus one pass of its condition and body (the trip count is
+  not known here); a `call` its callee's operations.
+  """
+  computations, entry = _hlo_computations(text)
+
+  def count(name, seen=()):
+    counts = collections.Counter()
+    for kind, line in computations.get(name, ()):
+      if kind in _FREE_HLO_OPS:
+        continue
+      if kind != 'call':
+        counts[kind] += 1
+      if name in seen:
+        continue
+      inner = seen + (name,)
+      if kind == 'conditional':
+        branches = re.search(r'branch_computations=\{([^}]*)\}', line)
+        names = ([b.strip().lstrip('%') for b in branches.group(1).split(',')]
+                 if branches else re.findall(
+                     r'(?:true|false)_computation=%?([\w.-]+)', line))
+        counts.update(max((count(b, inner) for b in names),
+                          key=lambda c: sum(c.values()),
+                          default=collections.Counter()))
+      elif kind == 'while':
+        for key in ('condition', 'body'):
+          callee = re.search(key + r'=%?([\w.-]+)', line)
+          if callee:
+            counts.update(count(callee.group(1), inner))
+      elif kind == 'call':
+        callee = re.search(r'to_apply=%?([\w.-]+)', line)
+        if callee:
+          counts.update(count(callee.group(1), inner))
+    return counts
+
+  return dict(count(entry))
 
 
 def trace_file(trace_dir):
@@ -140,17 +240,3 @@ def summarize(trace_dir, module, steps, window, hlo_text=None, top=10):
       'slowest': [(op, ms(t), described.get(op, ''))
                   for op, t in per_op.most_common(top)],
   }
-
-
-def format_summary(name, summary, kinds=8):
-  """Lines: the step's totals, time by kind, the slowest operations."""
-  s = summary
-  lines = [f'{name}: {s["steps"]} steps, {s["ops_per_step"]:.0f} XLA '
-           f'operations and {s["ms_per_step"]:.2f} ms of operation time per '
-           'step (self time, all threads)']
-  lines.append('  by kind: ' + ', '.join(
-      f'{k} {t:.2f} ms ({n:.0f})' for k, t, n in s['by_kind'][:kinds]))
-  lines.append('  slowest (ms/step):')
-  for op, t, desc in s['slowest']:
-    lines.append(f'    {t:8.3f}  {op:<26} {desc[:110]}')
-  return '\n'.join(lines)

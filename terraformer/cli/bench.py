@@ -46,7 +46,8 @@ one run folder per model (view with TensorBoard's profile plugin, or open
 the .xplane.pb in XProf), and prints where a step's time goes: its XLA
 operations' self time per step by kind (ffi_call = the fused kernels) and
 the slowest ones with their compiled HLO line (benchmarks/step_profile.py);
-nothing is timed or tabulated otherwise.
+nothing is timed or tabulated otherwise. The benchmarks return numbers;
+the tables and the plot are made by terraformer/cli/bench_format.py.
 """
 import json
 import os
@@ -56,6 +57,7 @@ from absl import flags
 
 from terraformer import config
 from terraformer import errors
+from terraformer.cli import bench_format
 from terraformer.cli import common
 
 PROG = 'terraformer-bench'
@@ -149,20 +151,6 @@ def model_name(files, taken):
   return name
 
 
-def _check_writable_file(path, flag):
-  if not path:
-    return
-  folder = os.path.dirname(os.path.abspath(path)) or '.'
-  if not os.path.isdir(folder):
-    raise errors.TerraformerError(
-        f'--{flag}={path}: folder {folder!r} does not exist')
-  if not os.access(folder, os.W_OK):
-    raise errors.TerraformerError(
-        f'--{flag}={path}: folder {folder!r} is not writable')
-  if os.path.isdir(path):
-    raise errors.TerraformerError(f'--{flag}={path} is a directory')
-
-
 def _check_writable_folder(path, flag):
   """The folder `path` exists and is writable, or can be made in one."""
   if os.path.exists(path) and not os.path.isdir(path):
@@ -206,20 +194,24 @@ def _bench(flag_values, model_files):
     if len(configs) < 2:
       raise errors.TerraformerError(
           '--sweep needs two or more models (the first is the baseline)')
-    report = benchmark.sweep(configs, parse, d_models, flag_values.tokens,
-                             flag_values.prompt_len, flag_values.repeats,
-                             flag_values.seed, _budget(flag_values), log=_log)
-    print(benchmark.format_sweep(report))
-    benchmark.plot_sweep(report, flag_values.plot)
+    names = [name for name, _ in configs]
+    report = benchmark.sweep(
+        configs, parse, d_models, flag_values.tokens, flag_values.prompt_len,
+        flag_values.repeats, flag_values.seed, _budget(flag_values), log=_log,
+        on_row=lambda row: _log(bench_format.format_sweep(
+            {'rows': [row], 'names': names})))
+    print(bench_format.format_sweep(report))
+    bench_format.plot_sweep(report, flag_values.plot)
     print(f'plot: {flag_values.plot}')
   elif flag_values.profile_dir:
-    from terraformer.benchmarks import step_profile  # pylint: disable=g-import-not-at-top
     if not configs:
       raise errors.TerraformerError('at least one --config_file is required')
-    report = _profile(configs, parse, flag_values)
+    report = benchmark.profile(configs, parse, flag_values.profile_dir,
+                               flag_values.tokens, flag_values.prompt_len,
+                               flag_values.seed, log=_log)
     for r in report:
       print(f"{r['name']:<28} trace of {r['tokens']} steps: {r['trace_dir']}")
-      print(step_profile.format_summary(r['name'], r['summary']))
+      print(bench_format.format_profile(r['name'], r['summary']))
   elif flag_values.agreement:
     if len(configs) < 2:
       raise errors.TerraformerError(
@@ -227,20 +219,20 @@ def _bench(flag_values, model_files):
     report = benchmark.agreement(configs, parse, flag_values.tokens,
                                  flag_values.prompt_len, flag_values.seed,
                                  log=_log)
-    print(benchmark.format_agreement(report))
+    print(bench_format.format_agreement(report))
   elif flag_values.xla_ops:
     if not configs:
       raise errors.TerraformerError('at least one --config_file is required')
     report = benchmark.xla_ops(configs, parse,
                                prompt_len=flag_values.prompt_len, log=_log)
-    print(benchmark.format_xla_ops(report))
+    print(bench_format.format_xla_ops(report))
   elif flag_values.trax_user_path:
     if not configs:
       raise errors.TerraformerError('at least one --config_file is required')
     report = benchmark.user_path(configs, parse, flag_values.tokens,
                                  flag_values.prompt_len, flag_values.repeats,
                                  flag_values.seed, log=_log)
-    print(benchmark.format_user_path(report))
+    print(bench_format.format_user_path(report))
   else:
     if not configs:
       raise errors.TerraformerError('at least one --config_file is required')
@@ -250,43 +242,14 @@ def _bench(flag_values, model_files):
                            _budget(flag_values), log=_log,
                            project_layers=flag_values.project_layers,
                            fit_blocks=flag_values.fit_blocks)
-    print(benchmark.format_table(report)
+    print(bench_format.format_table(report)
           if flag_values.project_layers is None
-          else benchmark.format_projection(report))
-    print(benchmark.format_memory_lines(report))
+          else bench_format.format_projection(report))
+    print(bench_format.format_memory_lines(report))
   if flag_values.json:
     with open(flag_values.json, 'w') as f:
-      json.dump(benchmark.json_report(report), f, indent=2)
+      json.dump(bench_format.json_report(report), f, indent=2)
   return 0
-
-
-def _profile(configs, parse, flag_values):
-  """Writes a jax.profiler trace of decoding steps of each model."""
-  import jax  # pylint: disable=g-import-not-at-top
-  from terraformer.benchmarks import decode_configs as benchmark  # pylint: disable=g-import-not-at-top
-  from terraformer.benchmarks import decode_speed  # pylint: disable=g-import-not-at-top
-  from terraformer.benchmarks import step_profile  # pylint: disable=g-import-not-at-top
-  report = []
-  for name, config in configs:
-    parse(config, [])
-    model_fn, _, _ = benchmark.configured_model()
-    timer = decode_speed.DecodeTimer(model_fn(mode='predict'),
-                                     flag_values.tokens,
-                                     flag_values.prompt_len,
-                                     flag_values.seed)
-    _log(f'profile: {name}, warm-up (compiles)...')
-    timer.warm_up()
-    trace_dir = os.path.join(flag_values.profile_dir,
-                             name.replace(os.sep, '_'))
-    with jax.profiler.trace(trace_dir):
-      timer.repeat()
-    hlo, module = timer.compiled_step_text(), timer.step_module
-    timer.close()
-    summary = step_profile.summarize(trace_dir, module, flag_values.tokens,
-                                     decode_speed.TIMED_STEPS, hlo)
-    report.append({'name': name, 'config': config, 'trace_dir': trace_dir,
-                   'tokens': flag_values.tokens, 'summary': summary})
-  return report
 
 
 def main(argv=None):
@@ -301,11 +264,11 @@ def main(argv=None):
 
   def precheck(flag_values):
     config.check_config_files([f for files in model_files for f in files])
-    _check_writable_file(flag_values.json, 'json')
+    common.check_writable_file(flag_values.json, 'json')
     if flag_values.profile_dir:
       _check_writable_folder(flag_values.profile_dir, 'profile_dir')
     if flag_values.sweep:
-      _check_writable_file(flag_values.plot, 'plot')
+      common.check_writable_file(flag_values.plot, 'plot')
 
   return common.run(PROG, argv, _define_flags,
                     lambda fv: _bench(fv, model_files), precheck=precheck)

@@ -61,6 +61,34 @@ def check_output_dir(path):
   return path
 
 
+def check_writable_file(path, flag):
+  """Raises TerraformerError unless `--flag=path` can be written (its folder
+  exists and is writable, and it is not a folder); no-op without a path."""
+  if not path:
+    return
+  folder = os.path.dirname(os.path.abspath(path)) or '.'
+  if not os.path.isdir(folder):
+    raise errors.TerraformerError(
+        f'--{flag}={path}: folder {folder!r} does not exist')
+  if not os.access(folder, os.W_OK):
+    raise errors.TerraformerError(
+        f'--{flag}={path}: folder {folder!r} is not writable')
+  if os.path.isdir(path):
+    raise errors.TerraformerError(f'--{flag}={path} is a directory')
+
+
+def positive_ints(values, flag):
+  """The list flag `--flag`'s values as positive integers, else one line."""
+  try:
+    ints = [int(v) for v in values]
+  except ValueError:
+    raise errors.TerraformerError(
+        f'--{flag} must be integers, got {",".join(values)!r}') from None
+  if not ints or min(ints) < 1:
+    raise errors.TerraformerError(f'--{flag} must be positive integers')
+  return ints
+
+
 def run(prog, argv, define_flags, body, precheck=None):
   """Runs `body(flag_values)` under the CLI error policy; returns exit code.
 

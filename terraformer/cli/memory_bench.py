@@ -26,7 +26,8 @@ two files), all measured in one run; --config bindings apply to every model.
 For each input length the model's gradient step is compiled the same way
 (memory), and where it needs at most --time_budget_gb it also runs on random
 tokens: the median ms of --repeats calls after a warm-up
-(`terraformer.benchmarks.long_input`).
+(`terraformer.benchmarks.long_input` measures; the table and --plot are
+made here).
 """
 import json
 import sys
@@ -65,17 +66,6 @@ def _define_flags(flag_values):
                     flag_values=flag_values)
 
 
-def _positive_ints(values, flag):
-  try:
-    counts = [int(v) for v in values]
-  except ValueError:
-    raise errors.TerraformerError(
-        f'--{flag} must be integers, got {",".join(values)!r}') from None
-  if not counts or min(counts) < 1:
-    raise errors.TerraformerError(f'--{flag} must be positive integers')
-  return counts
-
-
 def step_memory(model_fn, n_layers, reversible, batch_size, input_len,
                 target_len):
   """Bytes of the compiled gradient step: dict(argument, output, temp, total).
@@ -96,7 +86,7 @@ def step_memory(model_fn, n_layers, reversible, batch_size, input_len,
   return lib.memory_of(compiled)
 
 
-def format_table(rows):
+def format_depth_table(rows):
   """Total and temporary MiB per layer count, reversible vs not."""
   lines = [f'{"layers":>6}  {"reversible MiB":>14} {"(temp)":>8}  '
            f'{"non-reversible MiB":>18} {"(temp)":>8}  {"ratio":>6}']
@@ -109,8 +99,54 @@ def format_table(rows):
   return '\n'.join(lines)
 
 
+def format_length_table(report):
+  """`long_input.length_sweep`'s rows of each model: one row per input
+  length, total MiB and step ms of each model."""
+  names = list(report['models'])
+  lens = [row['input_len'] for row in report['models'][names[0]]]
+  header = f'{"input":>6}' + ''.join(f'  {n + " MiB":>22} {"ms":>8}'
+                                     for n in names)
+  lines = [header]
+  for i, input_len in enumerate(lens):
+    cells = []
+    for name in names:
+      row = report['models'][name][i]
+      ms = '-' if row['step_ms'] is None else f'{row["step_ms"]:.0f}'
+      cells.append(f'  {row["memory"]["total"] / MIB:>22.1f} {ms:>8}')
+    lines.append(f'{input_len:>6}' + ''.join(cells))
+  return '\n'.join(lines)
+
+
+def plot_lengths(report, path):
+  """Memory and step time vs input length, one line per model (log-log)."""
+  import matplotlib  # pylint: disable=g-import-not-at-top
+  matplotlib.use('Agg')
+  import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
+  fig, (ax_mem, ax_time) = plt.subplots(1, 2, figsize=(12, 4.5))
+  for name, rows in report['models'].items():
+    ax_mem.plot([r['input_len'] for r in rows],
+                [r['memory']['total'] / MIB for r in rows], marker='o',
+                label=name)
+    timed = [r for r in rows if r['step_ms'] is not None]
+    ax_time.plot([r['input_len'] for r in timed],
+                 [r['step_ms'] for r in timed], marker='o', label=name)
+  for ax in (ax_mem, ax_time):
+    ax.set_xscale('log', base=2)
+    ax.set_yscale('log')
+    ax.set_xlabel('input tokens')
+    ax.legend(fontsize=8)
+  ax_mem.set_ylabel('compiled gradient step, MiB')
+  ax_time.set_ylabel('gradient step, ms (median)')
+  ax_mem.set_title('memory (cf. Pyramidion Fig. 4, CST Fig. 2)')
+  ax_time.set_title(f'time, batch {report["batch_size"]}, '
+                    f'target {report["target_len"]}')
+  fig.tight_layout()
+  fig.savefig(path, dpi=110)
+  plt.close(fig)
+
+
 def _bench(flag_values):
-  counts = _positive_ints(flag_values.layers, 'layers')
+  counts = common.positive_ints(flag_values.layers, 'layers')
   config.require_bindings('terraformer.train', ['model'])
   model_fn = config.model_from_config()
   sizes = dict(batch_size=flag_values.batch_size,
@@ -130,14 +166,14 @@ def _bench(flag_values):
     print(f'gradient step, batch {sizes["batch_size"]}, input '
           f'{sizes["input_len"]}, target {sizes["target_len"]} tokens; '
           'memory = arguments + outputs (gradients) + temporaries')
-    print(format_table(rows))
+    print(format_depth_table(rows))
   return 0
 
 
 def _length_bench(flag_values, model_files):
   from terraformer.benchmarks import long_input as lib  # pylint: disable=g-import-not-at-top
   from terraformer.cli import bench  # pylint: disable=g-import-not-at-top
-  lens = _positive_ints(flag_values.input_lens, 'input_lens')
+  lens = common.positive_ints(flag_values.input_lens, 'input_lens')
   if not model_files:
     raise errors.TerraformerError('at least one --config_file is required')
   report = dict(batch_size=flag_values.batch_size,
@@ -154,7 +190,7 @@ def _length_bench(flag_values, model_files):
         flag_values.repeats,
         log=lambda m: print(f'  {m}', file=sys.stderr, flush=True))
   if flag_values.plot:
-    lib.plot(report, flag_values.plot)
+    plot_lengths(report, flag_values.plot)
   if flag_values.json:
     print(json.dumps(report, indent=2))
   else:
@@ -162,7 +198,7 @@ def _length_bench(flag_values, model_files):
           f'{report["target_len"]} tokens; MiB = compiled arguments + outputs '
           f'+ temporaries; ms = median of {flag_values.repeats} steps '
           f'(- : over {flag_values.time_budget_gb:g} GiB, not run)')
-    print(lib.format_table(report))
+    print(format_length_table(report))
     if flag_values.plot:
       print(f'plot: {flag_values.plot}')
   return 0
@@ -182,7 +218,7 @@ def main(argv=None):
   def precheck(flag_values):
     config.check_config_files([f for files in model_files for f in files])
     if flag_values.plot:
-      bench._check_writable_file(flag_values.plot, 'plot')  # pylint: disable=protected-access
+      common.check_writable_file(flag_values.plot, 'plot')
 
   return common.run(PROG, argv, _define_flags,
                     lambda fv: _length_bench(fv, model_files),

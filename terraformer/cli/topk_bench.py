@@ -7,15 +7,16 @@
 
 Pietruszka et al. App. B.5 (Figs. 5, 6): prints a markdown table of the
 median jitted time (ms per batch) and the nCCS to the exact top-k of each
-method for every k < n; see `terraformer.benchmarks.topk`.
+method for every k < n; `terraformer.benchmarks.topk` measures, the table
+and --plot are made here.
 """
 import json
 import sys
 
 from absl import flags
+import numpy as np
 
 from terraformer import errors
-from terraformer.cli import bench
 from terraformer.cli import common
 
 PROG = 'terraformer-topk-bench'
@@ -44,20 +45,10 @@ def _define_flags(flag_values):
                       flag_values=flag_values)
 
 
-def _ints(values, flag):
-  try:
-    ints = [int(v) for v in values]
-  except ValueError:
-    raise errors.TerraformerError(
-        f'--{flag} must be integers, got {",".join(values)!r}') from None
-  if not ints or min(ints) < 1:
-    raise errors.TerraformerError(f'--{flag} must be positive integers')
-  return ints
-
-
 def _check(flag_values):
   from terraformer.benchmarks import topk as topk_benchmark  # pylint: disable=g-import-not-at-top
-  ns, ks = _ints(flag_values.ns, 'ns'), _ints(flag_values.ks, 'ks')
+  ns = common.positive_ints(flag_values.ns, 'ns')
+  ks = common.positive_ints(flag_values.ks, 'ks')
   for n in ns:
     for k in ks:
       if k < n and (n % k or (n // k) & (n // k - 1)):
@@ -71,9 +62,66 @@ def _check(flag_values):
     raise errors.TerraformerError(
         f'--methods: unknown {",".join(unknown)!r}; choose from '
         f'{",".join(topk_benchmark.METHODS)}')
-  bench._check_writable_file(flag_values.plot, 'plot')  # pylint: disable=protected-access
-  bench._check_writable_file(flag_values.json, 'json')  # pylint: disable=protected-access
+  common.check_writable_file(flag_values.plot, 'plot')
+  common.check_writable_file(flag_values.json, 'json')
   return ns, ks
+
+
+def format_table(report):
+  """Markdown table: per (k, n), ms and nCCS of each method."""
+  methods = report['methods']
+  head = ['k', 'n'] + [f'{m} ms' for m in methods] + [
+      f'{m} nCCS' for m in methods if m != 'hard']
+  lines = [f"top-k operators, batch {report['batch']}, d {report['d']}, "
+           f"median of {report['repeats']} (jitted)",
+           '| ' + ' | '.join(head) + ' |',
+           '|' + '---|' * len(head)]
+  for row in report['rows']:
+    cells = [str(row['k']), str(row['n'])]
+    for m in methods:
+      cells.append('-' if row[m] is None else f"{row[m]['ms']:.3f}")
+    for m in methods:
+      if m != 'hard':
+        cells.append('-' if row[m] is None else f"{row[m]['nccs']:.3f}")
+    lines.append('| ' + ' | '.join(cells) + ' |')
+  return '\n'.join(lines)
+
+
+def plot(report, path):
+  """Figs. 5/6 analogue: time and nCCS vs n, one line per (method, k)."""
+  import matplotlib  # pylint: disable=g-import-not-at-top
+  matplotlib.use('Agg')
+  import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
+  fig, (ax_time, ax_sim) = plt.subplots(1, 2, figsize=(12, 4.5))
+  styles = {'sh': '-', 'sh_unsorted': '--', 'sh_plain': '-.', 'goyal': ':',
+            'hard': (0, (1, 3))}
+  ks = sorted({row['k'] for row in report['rows']})
+  colors = dict(zip(ks, plt.cm.viridis(np.linspace(0, 0.9, len(ks)))))
+  for method in report['methods']:
+    for k in ks:
+      rows = [r for r in report['rows'] if r['k'] == k and r[method]]
+      if not rows:
+        continue
+      ns = [r['n'] for r in rows]
+      label = f'{method} k={k}'
+      ax_time.plot(ns, [r[method]['ms'] for r in rows], linestyle=styles.get(
+          method, '-'), color=colors[k], label=label)
+      if method != 'hard':
+        ax_sim.plot(ns, [r[method]['nccs'] for r in rows],
+                    linestyle=styles.get(method, '-'), color=colors[k],
+                    label=label)
+  for ax in (ax_time, ax_sim):
+    ax.set_xscale('log', base=2)
+    ax.set_xlabel('n')
+  ax_time.set_yscale('log')
+  ax_time.set_ylabel('ms per batch (median)')
+  ax_sim.set_ylabel('nCCS to exact top-k')
+  ax_time.set_title('time (cf. Pietruszka et al. Fig. 5)')
+  ax_sim.set_title('similarity (cf. Fig. 6)')
+  ax_sim.legend(fontsize=6, ncol=2)
+  fig.tight_layout()
+  fig.savefig(path, dpi=120)
+  plt.close(fig)
 
 
 def _bench(flag_values):
@@ -83,9 +131,9 @@ def _bench(flag_values):
       ns, ks, flag_values.methods, flag_values.batch, flag_values.d,
       flag_values.repeats, flag_values.goyal_max,
       log=lambda m: print(m, file=sys.stderr, flush=True))
-  print(topk_benchmark.format_table(report))
+  print(format_table(report))
   if flag_values.plot:
-    topk_benchmark.plot(report, flag_values.plot)
+    plot(report, flag_values.plot)
     print(f'plot: {flag_values.plot}')
   if flag_values.json:
     with open(flag_values.json, 'w') as f:

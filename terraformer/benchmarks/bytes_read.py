@@ -1,0 +1,131 @@
+"""Bytes of weights and caches one decoding step reads (the speed bound).
+
+An unbatched decoding step is memory-bound: it reads every weight it touches
+once and does little arithmetic per byte. `step_bytes` counts those bytes
+per layer class, from the model's predict-mode structure, its weights and
+its state (arrays or `jax.ShapeDtypeStruct`s): a sparse layer counts only the
+rows it selects, an attention cache only the bucket the step reads. Divided
+by a measured GEMV bandwidth (`decode_speed.gemv_bandwidth`) they give the
+lower bound of a step's time that `terraformer-bench` prints beside it.
+"""
+import collections
+
+import jax
+import numpy as np
+from trax import layers as tl
+from trax.layers import attention as trax_attention
+from trax.layers import combinators as trax_combinators
+from trax.layers import core as trax_core
+
+from terraformer.layers.lsh_attention import CausalDotProductAttention
+from terraformer.layers.prefix_attention import PrefixCausalAttention
+from terraformer.layers.ops import bucket_for
+from terraformer.layers.sparse_ff import SparseFF
+
+
+def nbytes(tree):
+  """Bytes of the arrays (or shapes) of `tree`."""
+  return sum(int(np.prod(leaf.shape, dtype=np.int64)) * leaf.dtype.itemsize
+             for leaf in jax.tree_util.tree_leaves(tree))
+
+
+def _row_bytes(array, n_rows):
+  """Bytes of `n_rows` slices array[i] (rows of the leading axis)."""
+  return n_rows * int(np.prod(array.shape[1:], dtype=np.int64)) * (
+      array.dtype.itemsize)
+
+
+def _leaf_layer_bytes(layer, weights, state, position, n_tokens,
+                      encoder_len=0):
+  """Bytes one step reads from a layer without sublayers.
+
+  Default: all its weights and all its state (caches). Layers known to read
+  less say so here; the code they describe is their predict-mode forward.
+  """
+  if isinstance(layer, SparseFF):
+    # Controller (C1, C2, c), b2; one row of W1ᵀ and W2 per block per token
+    # (SparseFF._forward_selected_rows).
+    c1, c2, c, w1t, w2, b2 = weights[:6]
+    rows = n_tokens * layer.n_blocks
+    # int8 storage (terraformer/kernels): one scale per selected row too.
+    scales = sum(_row_bytes(s, rows) for s in weights[6:])
+    return (nbytes((c1, c2, c, b2)) + _row_bytes(w1t, rows)
+            + _row_bytes(w2, rows) + scales)
+  if isinstance(layer, trax_core.Dropout) and layer._mode != 'train':  # pylint: disable=protected-access
+    return 0  # Its state (the rate) is only read in train mode.
+  if isinstance(layer, trax_core.Embedding):
+    return _row_bytes(weights, n_tokens)
+  if isinstance(layer, trax_attention.PositionalEncoding):
+    table = weights[0] if isinstance(weights, (tuple, list)) else weights
+    return _row_bytes(table.reshape((-1, table.shape[-1])), n_tokens) + (
+        nbytes(state))
+  if isinstance(layer, PrefixCausalAttention) and len(state) == 3:
+    # Keys and values [batch * heads, max_len, d_head]: the step reads the
+    # smallest bucket holding positions 0..position.
+    keys, values, index = state
+    size = bucket_for(position + n_tokens, keys.shape[1],
+                      min_bucket=layer.buckets[0])
+    per_position = lambda a: nbytes(a) // a.shape[1]
+    return size * (per_position(keys) + per_position(values)) + nbytes(index)
+  if isinstance(layer, CausalDotProductAttention) and len(state) == 4:
+    # The Terraformer's decoder cache [batch * heads, max_len, ...] holds the
+    # encoder_len encoder positions, then the decoder's: the step reads the
+    # keys, values and validity of the smallest bucket holding them all.
+    keys, values, valid, index = state
+    size = bucket_for(encoder_len + position + n_tokens, keys.shape[1],
+                      min_bucket=layer.buckets[0])
+    per_position = lambda a: nbytes(a) // a.shape[1]
+    return size * sum(per_position(a) for a in (keys, values, valid)) + (
+        nbytes(index))
+  return nbytes(weights) + nbytes(state)
+
+
+def _layer_bytes(layer, weights, state, position, n_tokens, out,
+                 encoder_len=0):
+  if isinstance(weights, dict) and weights == tl.GET_WEIGHTS_FROM_CACHE:
+    weights = layer.weights  # A shared layer, read again at each use.
+  if isinstance(layer, trax_combinators.Cache):
+    cached, sub_state = state
+    if not (isinstance(cached, tuple) and not cached):
+      # After the first call: the cached outputs are read, the layer not run.
+      out['Cache'] += nbytes(cached)
+      return
+    _layer_bytes(layer.sublayer, weights[0], sub_state, position, n_tokens,
+                 out, encoder_len)
+    return
+  subs = layer.sublayers
+  if subs:
+    for i, sub in enumerate(subs):
+      sub_w = weights[i] if len(weights) == len(subs) else ()
+      sub_s = state[i] if (isinstance(state, (tuple, list))
+                           and len(state) == len(subs)) else ()
+      _layer_bytes(sub, sub_w, sub_s, position, n_tokens, out, encoder_len)
+    return
+  n = _leaf_layer_bytes(layer, weights, state, position, n_tokens,
+                        encoder_len)
+  if n:
+    out[type(layer).__name__] += n
+
+
+def step_bytes(model, weights, state, position, n_tokens=1, encoder_len=0):
+  """Bytes of weights and caches one predict step reads, by layer class.
+
+  Args:
+    model: predict-mode Trax layer.
+    weights: its weights (arrays or ShapeDtypeStructs).
+    state: its state (or shapes) at the step, after the first call (the
+      encoder then is cached and not run again).
+    position: decoder position of the token the step decodes (0 first).
+    n_tokens: tokens per step (batch size; 1 unbatched).
+    encoder_len: encoder positions ahead of the decoder's in a decoder cache
+      that holds both (the Terraformer's `CausalDotProductAttention`: its
+      first call primes the cache with the encoder_len encoder positions, so
+      decoder position p sits at cache index encoder_len + p).
+
+  Returns:
+    {layer class name: bytes}; activations (vectors of d_model floats) are
+    not counted.
+  """
+  out = collections.Counter()
+  _layer_bytes(model, weights, state, position, n_tokens, out, encoder_len)
+  return dict(out)
