@@ -253,7 +253,10 @@ class Checker:
         args = []
     elif program.startswith(('scripts/', 'experiments/')):
       self._need(program, problems)
-      args = []
+      if program.endswith('.py') and self._exists(program):
+        cli_flags_ = script_flags(os.path.join(self.root, program))
+      else:
+        args = []  # A shell script's arguments are its own business.
     elif program.startswith('.venv/bin/') and name not in (
         'pytest', 'pip', 'tensorboard'):
       problems.append(f'no program {program} (not a console script)')
@@ -411,6 +414,7 @@ terraformer-ood --output_dir=~/out/x --cells=copy_transformer,copy_nothing --see
 bash scripts/inside_the_heredoc.sh
 PY
 terraformer-decode --config_file=OUR.gin --output_dir=DIR --input='...' --no_such
+scripts/results.py --check --bogus
 ```
 """
 
@@ -430,7 +434,8 @@ def test_extract_finds_the_commands_of_fences_and_code_spans():
       (6, '.venv/bin/terraformer-train'), (8, 'terraformer-train'),
       (8, 'terraformer-nope'),
       (11, 'terraformer-ood'), (12, '.venv/bin/python'),
-      (13, '.venv/bin/python'), (16, 'terraformer-decode')]
+      (13, '.venv/bin/python'), (16, 'terraformer-decode'),
+      (17, 'scripts/results.py')]
   assert found[2][1] == [
       '.venv/bin/terraformer-train', '--config_file=gin/tiny/lm_sparse.gin',
       '--config=terraformer.train.steps = 300', '--output_dir=$OUT',
@@ -454,7 +459,8 @@ def test_the_check_finds_what_does_not_exist():
        'no OOD cell file gin/ood/copy_nothing.gin'],
       ['scripts/results.py has no flag --nope'],
       [],
-      ['terraformer-decode has no flag --no_such']]
+      ['terraformer-decode has no flag --no_such'],
+      ['scripts/results.py has no flag --bogus']]
   assert [b for _, b in checker.bindings] == [
       'terraformer.train.steps = 300', 'terraformer.train.steps = None',
       'terraformer.train.no_such_parameter = 3']
