@@ -6,7 +6,11 @@
        --distributed]
 
 Rerunning with the same --output_dir resumes from its checkpoint; --steps is
-the total number of steps (it overrides `terraformer.train.steps`).
+the total number of steps (it overrides `terraformer.train.steps`). One
+trainer at a time: while a run holds --output_dir, another one started on it
+stops at once with one line naming the holder (host, pid) and exit status 2,
+writing nothing; the lock of a run that died is taken over with one line
+(terraformer/training/run_lock.py).
 
 Many processes (hosts) join one job through JAX's distributed runtime: give
 each the same command with the three process flags, or `--distributed` to

@@ -6,7 +6,9 @@ one device. With `weight_sharding = 'fsdp'` the steps are `ShardedTrainer`'s
 (below) instead: every weight and optimizer slot split over all devices of all
 processes (initialized already sharded), the global batch split over the same
 mesh axis. This loop does around it what `_CheckpointedLoop` does around
-Trax's steps, in the same files and names:
+Trax's steps, in the same files and names (terraformer/checkpoint/layout.py)
+with the same counters, guards and messages
+(terraformer/training/run_state.py):
 
 - evaluations at step 1, every `eval_every` steps and at the end, on the same
   `eval_batches` batches, with the eval model (Loop's `run_evals`: training
@@ -43,13 +45,13 @@ from trax import layers as tl
 from trax import shapes
 from trax.supervised import history as trax_history
 
-from terraformer.checkpoint import format as checkpoint_format
-from terraformer.checkpoint import store as checkpoints
 from terraformer import distributed
 from terraformer import errors
-from terraformer import supervisor
+from terraformer.checkpoint import layout
+from terraformer.checkpoint import store as checkpoints
 from terraformer.distributed import say
 from terraformer.training import resume
+from terraformer.training import run_state
 
 MESH_AXIS = 'fsdp'  # One axis: weights, slots and the batch split over it.
 
@@ -287,45 +289,27 @@ class ShardedTrainer:
         lambda x: np.asarray(self._collective(lambda: gather(x))), tree)
 
 
-def new_since_eval():
-  """Sums of the train metrics of the steps since the last eval (JSON, in
-  checkpoint meta; used by FsdpLoop and training._CheckpointedLoop)."""
-  return {'loss': 0.0, 'steps': 0, 'stats': {}}
-
-
-def add_to_since_eval(since_eval, loss, stats):
-  """Adds one step's loss and optimizer stats (means over devices)."""
-  since_eval['loss'] += float(np.mean(np.asarray(loss)))
-  since_eval['steps'] += 1
-  for name, value in stats.items():
-    since_eval['stats'][name] = (since_eval['stats'].get(name, 0.0)
-                                 + float(np.mean(np.asarray(value))))
-
-
-class FsdpLoop:
+class FsdpLoop(run_state.RunCounters):
   """Training of a `ShardedTrainer` with evals, events and checkpoints.
 
   Has what callers use of Trax's Loop after training: `step`, `history`.
+  `settings`: `terraformer.train`'s (`loop.TrainSettings`).
   """
 
-  def __init__(self, trainer, output_dir, store, train_batches, eval_set,
-               metric_layers, metric_names, input_signature,
-               write_model_pkl=True, skip_non_finite=False):
+  def __init__(self, trainer, output_dir, store, inputs, settings):
     self.trainer = trainer
     self.step = 0
     self.history = trax_history.History()
-    self.batches_consumed = 0
-    self.skipped_steps = 0
-    self.since_eval = new_since_eval()
+    self.reset_counters()  # Checkpointed with the step (`RunCounters`).
     self._output_dir = output_dir
     self._store = store
-    self._train_batches = train_batches
-    self._eval_set = eval_set
-    self._metric_layers = metric_layers
-    self._metric_names = metric_names
-    self._input_signature = input_signature
-    self._write_model_pkl = write_model_pkl
-    self._skip_non_finite = skip_non_finite
+    self._train_batches = inputs.train_batches
+    self._eval_set = inputs.eval_set
+    self._metric_layers = run_state.eval_metric_layers()
+    self._metric_names = list(run_state.EVAL_METRICS)
+    self._input_signature = shapes.signature(
+        tuple(inputs.train_batch))[:inputs.train_model.n_in]
+    self._settings = settings
     self._chief = not jax.process_index()
     self._writers = None
 
@@ -339,71 +323,52 @@ class FsdpLoop:
             'eval_state': self.trainer.state, 'slots0': self.trainer.slots}
 
   def _arrays(self, convert=lambda x: x):
-    arrays = {f'{part}_{j:05d}': convert(leaf)
-              for part, tree in self._trees().items()
-              for j, leaf in enumerate(jax.tree_util.tree_leaves(tree))}
-    # The same on every process, and local to each: saved as numpy.
-    arrays['rng'] = convert(np.asarray(self.trainer.rng))
-    return arrays
+    # The rng is the same on every process, and local to each: saved as
+    # numpy.
+    return layout.arrays_of(self._trees(), np.asarray(self.trainer.rng),
+                            convert)
 
   def restore(self):
     """Resumes from the newest verified checkpoint; returns its step or 0."""
     replicated = NamedSharding(self.trainer.mesh, PartitionSpec())
     wanted = self._arrays(lambda x: (x.shape, x.dtype, getattr(
         x, 'sharding', replicated)))
-    wanted['rng'] = wanted['rng'][:2] + (replicated,)
+    wanted[layout.RNG] = wanted[layout.RNG][:2] + (replicated,)
     restored = self._store.restore(wanted)
     if restored is None:
       return 0
     step, arrays, meta = restored
-    trees = {}
-    for part, tree in self._trees().items():
-      n = len(jax.tree_util.tree_leaves(tree))
-      trees[part] = jax.tree_util.tree_unflatten(
-          jax.tree_util.tree_structure(tree),
-          [arrays[f'{part}_{j:05d}'] for j in range(n)])
+    trees = layout.trees_of(arrays, self._trees())
     self.trainer.weights = trees['weights']
     self.trainer.state = trees['state']
     self.trainer.slots = trees['slots0']
-    self.trainer.rng = jax.numpy.asarray(np.asarray(arrays['rng']))
+    self.trainer.rng = jax.numpy.asarray(np.asarray(arrays[layout.RNG]))
     self.trainer.step = self.step = step
-    self.batches_consumed = meta['batches_consumed']
-    self.skipped_steps = meta['skipped_steps']
-    self.history = trax_history.History.from_dict(meta['history'])
-    self.since_eval = meta.get('since_eval', new_since_eval())
+    self.history = self.set_counters(meta)
     return step
 
   def save_checkpoint(self, basename='model'):
     """Commits the sharded checkpoint (with basename 'model') and writes
     `{basename}.pkl.gz`; every process stops if either fails anywhere."""
     if basename == 'model':
-      self._store.save(self.step, self._arrays(), {
-          'step': self.step, 'batches_consumed': self.batches_consumed,
-          'skipped_steps': self.skipped_steps,
-          'history': self.history.to_dict(), 'since_eval': self.since_eval})
-    if not self._write_model_pkl:
+      self._store.save(self.step, self._arrays(),
+                       self.position_meta(self.step, self.history))
+    if not self._settings.write_model_pkl:
       return
     weights = self.trainer.gathered(self.trainer.weights)
     state = self.trainer.gathered(self.trainer.state)
     error = None
     if self._chief:
       flat_weights, flat_state = tl.flatten_weights_and_state(weights, state)
-      path = os.path.join(self._output_dir, f'{basename}.pkl.gz')
       try:
-        checkpoint_format.write_trax_checkpoint(path, {
-            'step': self.step, 'flat_weights': flat_weights,
-            'flat_state': flat_state, 'flat_eval_state': flat_state,
-            'history': self.history.to_dict(), 'slots_per_task': [],
-            'input_signature': self._input_signature,
-            'version_timestamp': 'Mar-10-2021'})
-      except OSError as e:
-        error = (f'cannot write {basename}.pkl.gz in {self._output_dir} ('
-                 f'{"disk full" if checkpoints.is_disk_full(e) else e}); '
-                 'partial file removed, the previous one kept')
-    error = distributed.broadcast_json(error)
-    if error:
-      raise errors.TerraformerError(
-          error if self._chief else f'process 0: {error}')
+        layout.write_trax_checkpoint(self._output_dir, basename,
+                                     layout.trax_checkpoint(
+                                         self.step, flat_weights, flat_state,
+                                         flat_state, self.history.to_dict(),
+                                         [], self._input_signature))
+      except errors.TerraformerError as e:
+        error = str(e)
+    run_state.stop_together(error, self._chief)
 
   # Metrics.
 
@@ -441,28 +406,15 @@ class FsdpLoop:
 
   def _train_one_step(self):
     loss = self.trainer.train_step(next(self._train_batches))
-    self.batches_consumed += 1
-    supervisor.report('step', self.step)  # For the one line of a peer death.
-    stats = self.trainer.last_stats
-    bad = next(((name, value) for name, value in (
-        ('loss', loss), ('gradient norm', stats['gradients_l2']))
-                if not np.isfinite(value)), None)
-    if bad and not self._skip_non_finite:
-      steps = self._store.steps()
-      raise errors.TerraformerError(
-          f'non-finite {bad[0]} ({bad[1]}) at step {self.step}: training '
-          'stopped, nothing saved for this step; last checkpoint: '
-          f'{f"step {steps[0]}" if steps else "none"}')
-    if bad:  # The jitted step kept the weights and slots of before it.
-      self.skipped_steps += 1
-      if self._chief:
-        print(f'Skipped step {self.step}: non-finite {bad[0]} ({bad[1]}); '
-              f'{self.skipped_steps} skipped so far', flush=True)
-    return loss, stats
+    self.count_step(self.step)
+    # Non-finite and skipped: the jitted step kept the weights and slots of
+    # before it.
+    self.check_step(self.step, loss, self.trainer.last_stats,
+                    self._settings.skip_non_finite, self._store)
 
-  def run(self, n_steps, lr_schedule, eval_at, checkpoint_at,
-          permanent_checkpoint_at, on_eval):
-    """Trains `n_steps` more steps: each step, its evals, its checkpoints.
+  def run(self, n_steps, lr_schedule, on_eval):
+    """Trains `n_steps` more steps: each step, its evals, its checkpoints
+    (when `settings` say).
 
     Evals before checkpoints (Trax's Loop.run saves first; `_Checkpointed
     Loop` defers its saves the same way): evaluating draws from the rng, so
@@ -470,6 +422,7 @@ class FsdpLoop:
     draw what the uninterrupted one does. A crash during the
     evals resumes from the checkpoint before.
     """
+    settings = self._settings
     if self._chief:
       self._writers = {mode: jaxboard.SummaryWriter(
           os.path.join(self._output_dir, mode)) for mode in ('train', 'eval')}
@@ -479,12 +432,10 @@ class FsdpLoop:
       for _ in range(n_steps):
         self.step += 1
         steps_run += 1
-        loss, stats = self._train_one_step()
-        if np.isfinite(loss):
-          add_to_since_eval(self.since_eval, loss, stats)
-        if eval_at(self.step):
+        self._train_one_step()
+        if settings.eval_at(self.step):
           elapsed = time.time() - start
-          sums, self.since_eval = self.since_eval, new_since_eval()
+          sums, self.since_eval = self.since_eval, run_state.new_since_eval()
           n = max(sums['steps'], 1)
           say(f'Step {self.step:6d}: Ran {sums["steps"]} train steps in '
               f'{elapsed:0.2f} secs')
@@ -502,9 +453,9 @@ class FsdpLoop:
           self.run_evals()
           on_eval()
           start, steps_run = time.time(), 0
-        if checkpoint_at(self.step):
+        if settings.checkpoint_at(self.step):
           self.save_checkpoint('model')
-        if permanent_checkpoint_at(self.step):
+        if settings.permanent_checkpoint_at(self.step):
           self.save_checkpoint(f'model_{self.step}')
     finally:
       if self._writers:
@@ -512,38 +463,40 @@ class FsdpLoop:
           writer.close()
 
 
-def train_fsdp(output_dir, train_model, eval_model, train_batch,
-               train_batches, eval_set, steps, optimizer, lr_schedule,
-               random_seed, keep_checkpoints, skip_non_finite,
-               write_model_pkl, gather_weights, eval_at, checkpoint_at,
-               permanent_checkpoint_at, metric_layers, metric_names,
-               progress):
-  """Trains to `steps` with FSDP (module docstring); `terraformer.train`'s
-  arguments, already checked and built. Returns the `FsdpLoop`."""
-  with resume.removed_if_failed(output_dir, not jax.process_index()):
-    store = checkpoints.CheckpointStore(output_dir, keep=keep_checkpoints,
-                                        sharded=True)
+def train_fsdp(output_dir, settings, inputs, made_dir, progress):
+  """Trains to `settings.steps` with FSDP (module docstring); returns the
+  `FsdpLoop`.
+
+  Args:
+    output_dir: the run's directory, its lock held by `terraformer.train`.
+    settings: `terraformer.train`'s `loop.TrainSettings`, checked, with the
+      random seed of process 0.
+    inputs: the `run_state.Inputs` built from them.
+    made_dir: whether this run made `output_dir` (removed if start-up
+      fails).
+    progress: `loop._Progress`, told of every evaluation.
+  """
+  with resume.removed_if_failed(output_dir, made_dir):
+    store = checkpoints.CheckpointStore(
+        output_dir, keep=settings.keep_checkpoints, sharded=True)
+    lr_schedule = settings.lr_schedule_fn()
     trainer = ShardedTrainer(
-        train_model, tl.WeightedCategoryCrossEntropy(), optimizer,
-        lr_schedule, train_batch, seed=random_seed,
-        skip_non_finite=skip_non_finite, gather_weights=gather_weights,
-        eval_model=eval_model)
-    n_in = train_model.n_in
-    loop = FsdpLoop(trainer, output_dir, store, train_batches, eval_set,
-                    metric_layers, metric_names,
-                    shapes.signature(tuple(train_batch))[:n_in],
-                    write_model_pkl=write_model_pkl,
-                    skip_non_finite=skip_non_finite)
+        inputs.train_model, tl.WeightedCategoryCrossEntropy(),
+        settings.optimizer(), lr_schedule, inputs.train_batch,
+        seed=settings.random_seed, skip_non_finite=settings.skip_non_finite,
+        gather_weights=settings.fsdp_gather_weights,
+        eval_model=inputs.eval_model)
+    loop = FsdpLoop(trainer, output_dir, store, inputs, settings)
     loop.restore()
   progress.attach(loop)
-  if not resume.resume(loop, train_batches, steps, output_dir):
+  steps = settings.steps
+  if not resume.resume(loop, inputs.train_batches, steps, output_dir):
     return loop
   processes = (f', {jax.process_count()} processes'
                if distributed.is_multiprocess() else '')
   say(f'Training steps {loop.step + 1}..{steps} with FSDP over '
       f'{jax.device_count()} device(s){processes}, output in {output_dir}')
-  loop.run(steps - loop.step, lr_schedule, eval_at, checkpoint_at,
-           permanent_checkpoint_at,
+  loop.run(steps - loop.step, lr_schedule,
            on_eval=progress.report if not jax.process_index() else
            (lambda: None))
   return loop

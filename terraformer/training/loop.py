@@ -1,7 +1,11 @@
 """Training and evaluation through `trax.supervised.training.Loop`.
 
-`train` is gin-configurable as `terraformer.train` (a bare `train.` selector
-is ambiguous: Trax registers `trax.supervised.trainer_lib.train` too). Loop
+`train(output_dir, settings)` trains as its `TrainSettings` say; they are
+gin-configurable as `terraformer.train` (a bare `train.` selector is
+ambiguous: Trax registers `trax.supervised.trainer_lib.train` too), so that
+`terraformer.train.steps = 1000` binds `TrainSettings.steps`. One trainer at
+a time writes an `output_dir`: process 0 holds its lock
+(terraformer/training/run_lock.py) from start to end. Loop
 writes TensorBoard event files (`train/`, `eval/`) into `output_dir`;
 checkpoints are crash-safe (`terraformer.checkpoint.store`): `_CheckpointedLoop`
 replaces Loop's `save_checkpoint`/`load_checkpoint` and resumes exactly (the
@@ -17,12 +21,17 @@ NaN guard use means over all processes. Trax's own Loop reports host-local
 losses and process 0's evals only (its `run_evals` TODO); this one does not.
 
 `weight_sharding = 'fsdp'` trains without Trax's Loop, with every weight and
-optimizer slot split over all devices (terraformer/training/fsdp.py).
+optimizer slot split over all devices (terraformer/training/fsdp.py). Both
+loops share their inputs, counters, guards and messages
+(terraformer/training/run_state.py) and their checkpoint layout
+(terraformer/checkpoint/layout.py).
 """
+import contextlib
+import dataclasses
 import itertools
-import math
 import os
 import time
+from typing import Any
 
 import gin
 import jax
@@ -30,29 +39,21 @@ import numpy as np
 from trax import layers as tl
 from trax import optimizers
 from trax.supervised import callbacks as trax_callbacks
-from trax.supervised import history as trax_history
 from trax.supervised import lr_schedules
 from trax.supervised import training
 
 from terraformer import distributed
 from terraformer import errors
-from terraformer import supervisor
 from terraformer.distributed import say
 from terraformer.checkpoint import format as checkpoint_format
+from terraformer.checkpoint import layout
 from terraformer.checkpoint import store as checkpoints
 from terraformer.data import streaming
 from terraformer.training import finetune
 from terraformer.training import fsdp as sharded_training
 from terraformer.training import resume
-
-
-# Eval metrics, by name; log_perplexity is the cross-entropy in nats/token.
-EVAL_METRICS = ('loss', 'accuracy', 'log_perplexity')
-
-
-def _eval_metric_layers():
-  return [tl.WeightedCategoryCrossEntropy(), tl.WeightedCategoryAccuracy(),
-          tl.WeightedCategoryCrossEntropy()]
+from terraformer.training import run_lock
+from terraformer.training import run_state
 
 
 def _first_batch(stream_fn, name, n_devices):
@@ -79,16 +80,6 @@ def _every(n, last):
   return lambda step: bool(n) and step % n == 0 or step == last
 
 
-def _leaves(tree):
-  return jax.tree_util.tree_leaves(tree)
-
-
-def _like(template, leaves):
-  """`leaves` in the tree structure of `template`."""
-  return jax.tree_util.tree_unflatten(
-      jax.tree_util.tree_structure(template), leaves)
-
-
 def _this_process_rows(stream_fn):
   """`stream_fn` whose batches keep this process's rows (all, alone).
 
@@ -109,22 +100,14 @@ def _this_process_rows(stream_fn):
   return stream
 
 
-def _first_non_finite(loss, stats):
-  """(name, value) of the first non-finite of loss and gradient norm."""
-  for name, value in (('loss', loss),
-                      ('gradient norm', stats.get('gradients_l2'))):
-    if value is not None and not math.isfinite(float(np.mean(value))):
-      return name, float(np.mean(value))
-  return None
-
-
-class _CheckpointedLoop(training.Loop):
+class _CheckpointedLoop(run_state.RunCounters, training.Loop):
   """Trax's Loop with crash-safe checkpoints, exact resume, a NaN guard.
 
   Overrides `Loop.save_checkpoint`/`load_checkpoint` (trax/supervised/
   training.py): a checkpoint is committed whole by `checkpoints.
-  CheckpointStore` with the Loop's rng and the number of batches consumed,
-  and Trax's `model.pkl.gz` is written next to it in one atomic file.
+  CheckpointStore` with the Loop's rng and the number of batches consumed
+  (`run_state.RunCounters`, `terraformer.checkpoint.layout`), and Trax's
+  `model.pkl.gz` is written next to it in one atomic file.
   `_run_one_step` stops at the first non-finite loss or gradient norm
   (before that step's checkpoint), or with `skip_non_finite` restores the
   weights and slots of before the step and counts it.
@@ -133,41 +116,35 @@ class _CheckpointedLoop(training.Loop):
   def __init__(self, *args, store, skip_non_finite=False, **kwargs):
     self._store = store
     self._skip_non_finite = skip_non_finite
-    self.batches_consumed = 0  # Train batches used: the stream position.
+    self.reset_counters()  # Checkpointed with the step (`RunCounters`).
     self._in_train_step = False
-    self.skipped_steps = 0  # Non-finite steps skipped (skip_non_finite).
     self._in_run = False  # Inside `run` (its evals follow its saves).
     self._evals_done_at = None  # Step of the last `run_evals`.
     self._deferred_saves = []  # Basenames waiting for this step's evals.
     self._resumed_at = 0  # Step `run` resumed from, until config.gin is saved.
-    # Train metrics since the last eval (checkpointed).
-    self.since_eval = sharded_training.new_since_eval()
     super().__init__(*args, **kwargs)
+
+  def _trees(self):
+    """part -> tree of everything a resume needs, but the rng."""
+    trees = {'weights': self._model.weights, 'state': self._model.state,
+             'eval_state': self._eval_model.state}
+    for i, trainer in enumerate(self._trainer_per_task):
+      trees[f'slots{i}'] = trainer.slots
+    return trees
 
   def _train_state(self, convert=np.asarray):
     """name -> numpy array (`convert` of each leaf) of everything a resume
     needs."""
-    parts = {'weights': self._model.weights, 'state': self._model.state,
-             'eval_state': self._eval_model.state}
-    for i, trainer in enumerate(self._trainer_per_task):
-      parts[f'slots{i}'] = trainer.slots
-    arrays = {f'{part}_{j:05d}': convert(leaf)
-              for part, tree in parts.items()
-              for j, leaf in enumerate(_leaves(tree))}
-    arrays['rng'] = convert(self._rng)
-    return arrays
+    return layout.arrays_of(self._trees(), self._rng, convert)
 
   def _set_train_state(self, arrays):
-    def part(name, template):
-      return _like(template, [arrays[f'{name}_{j:05d}']
-                              for j in range(len(_leaves(template)))])
-    weights = part('weights', self._model.weights)
-    self.update_weights_and_state(weights, part('state', self._model.state))
+    trees = layout.trees_of(arrays, self._trees())
+    self.update_weights_and_state(trees['weights'], trees['state'])
     self._eval_model.weights = self._model.weights
-    self._eval_model.state = part('eval_state', self._eval_model.state)
+    self._eval_model.state = trees['eval_state']
     for i, trainer in enumerate(self._trainer_per_task):
-      trainer.slots = part(f'slots{i}', trainer.slots)
-    self._rng = jax.numpy.asarray(arrays['rng'])
+      trainer.slots = trees[f'slots{i}']
+    self._rng = jax.numpy.asarray(arrays[layout.RNG])
 
   def load_checkpoint(self, directory=None, filename=None):
     if directory or filename:
@@ -190,17 +167,11 @@ class _CheckpointedLoop(training.Loop):
 
   def _position(self):
     """Where training stands, as the checkpoint's JSON meta says it."""
-    return {'step': self._step, 'batches_consumed': self.batches_consumed,
-            'skipped_steps': self.skipped_steps,
-            'history': self._history.to_dict(), 'since_eval': self.since_eval}
+    return self.position_meta(self._step, self._history)
 
   def _set_position(self, meta):
     self._step = meta['step']
-    self.batches_consumed = meta['batches_consumed']
-    self.skipped_steps = meta['skipped_steps']
-    self._history = trax_history.History.from_dict(meta['history'])
-    self.since_eval = meta.get(
-        'since_eval', sharded_training.new_since_eval())
+    self._history = self.set_counters(meta)
 
   def _take_state_of_process_0(self):
     meta = distributed.broadcast_json(self._position())
@@ -212,11 +183,11 @@ class _CheckpointedLoop(training.Loop):
 
   def _load_trax_checkpoint(self):
     """Resumes from a Trax-only `model.pkl.gz` (written before checkpoints/)."""
-    path = os.path.join(self._output_dir, 'model.pkl.gz')
+    path = os.path.join(self._output_dir, checkpoint_format.CHECKPOINT)
     if not os.path.isfile(path):
       return
     flat = checkpoint_format.read_trax_checkpoint(path)['flat_weights']
-    n_model = len(_leaves(self._model.weights))
+    n_model = len(jax.tree_util.tree_leaves(self._model.weights))
     if len(flat) != n_model:
       raise errors.TerraformerError(
           f'checkpoint {path} has {len(flat)} weight arrays, the model '
@@ -273,10 +244,7 @@ class _CheckpointedLoop(training.Loop):
         self._save(basename, snapshot)
       except errors.TerraformerError as e:
         error = str(e)
-    error = distributed.broadcast_json(error)
-    if error:
-      raise errors.TerraformerError(
-          error if self._store else f'process 0: {error}')
+    run_state.stop_together(error, chief=self._store is not None)
 
   def _snapshot(self, basename):
     """(arrays of the checkpoint or None, Trax's checkpoint dict), on host."""
@@ -293,15 +261,7 @@ class _CheckpointedLoop(training.Loop):
     arrays, trax_checkpoint = snapshot
     if arrays is not None:
       self._store.save(self.step, arrays, self._position())
-    try:
-      checkpoint_format.write_trax_checkpoint(
-          os.path.join(self._output_dir, f'{basename}.pkl.gz'),
-          trax_checkpoint)
-    except OSError as e:
-      raise errors.TerraformerError(
-          f'cannot write {basename}.pkl.gz in {self._output_dir} ('
-          f'{"disk full" if checkpoints.is_disk_full(e) else e}); partial '
-          'file removed, the previous one kept') from None
+    layout.write_trax_checkpoint(self._output_dir, basename, trax_checkpoint)
 
   def _trax_checkpoint(self):
     """The dict of Loop.save_checkpoint, weights and slots inline."""
@@ -311,12 +271,10 @@ class _CheckpointedLoop(training.Loop):
         self._model.weights, self._eval_model.state)
     slots = [self._to_bits(training._flatten_and_remove_empty(t.slots))  # pylint: disable=protected-access
              for t in self._trainer_per_task]
-    return {'step': self.step,
-            'flat_weights': self._to_bits(flat_weights),
-            'flat_state': flat_state, 'flat_eval_state': flat_eval_state,
-            'history': self._history.to_dict(), 'slots_per_task': slots,
-            'input_signature': self._batch_signature[:self._model.n_in],
-            'version_timestamp': 'Mar-10-2021'}
+    return layout.trax_checkpoint(
+        self.step, self._to_bits(flat_weights), flat_state, flat_eval_state,
+        self._history.to_dict(), slots,
+        self._batch_signature[:self._model.n_in])
 
   def new_rng(self):
     rng = super().new_rng()
@@ -334,7 +292,7 @@ class _CheckpointedLoop(training.Loop):
     than the uninterrupted run's). Skipped non-finite steps are left out."""
     del total_loss, n_steps, optimizer_metrics  # Loop.run's; this process's.
     sums = self.since_eval
-    self.since_eval = sharded_training.new_since_eval()
+    self.since_eval = run_state.new_since_eval()
     super()._log_training_progress(
         task, sums['loss'], sums['steps'], elapsed_time, sums['stats'],
         summary_writer)
@@ -370,32 +328,17 @@ class _CheckpointedLoop(training.Loop):
       loss, stats = super()._run_one_step(task_index, task_changed)
     finally:
       self._in_train_step = False
-    self.batches_consumed += 1
-    supervisor.report('step', self.step)  # For the one line of a peer death.
+    self.count_step(self.step)
     if distributed.is_multiprocess():  # The same decision on every process.
       # Host copies first: no computation on the step's outputs here.
       loss, gradients_l2 = distributed.global_mean([
           np.mean(np.asarray(loss)),
           np.mean(np.asarray(stats.get('gradients_l2', 0.0)))])
       stats = dict(stats, gradients_l2=gradients_l2)
-    bad = _first_non_finite(loss, stats)
-    if bad and not self._skip_non_finite:
-      if self._store is None:
-        last = "process 0's"
-      else:
-        steps = self._store.steps()
-        last = f'step {steps[0]}' if steps else 'none'
-      raise errors.TerraformerError(
-          f'non-finite {bad[0]} ({bad[1]}) at step {self.step}: training '
-          f'stopped, nothing saved for this step; last checkpoint: {last}')
-    if not bad:
-      sharded_training.add_to_since_eval(self.since_eval, loss, stats)
-    if bad:
-      self.skipped_steps += 1
+    if self.check_step(self.step, loss, stats, self._skip_non_finite,
+                       self._store):  # Skipped: undone.
       self.update_weights_and_state(*before[:2])
       trainer.slots = before[2]
-      print(f'Skipped step {self.step}: non-finite {bad[0]} ({bad[1]}); '
-            f'{self.skipped_steps} skipped so far', flush=True)
     return loss, stats
 
 
@@ -464,32 +407,17 @@ def _remove_broken_data_counters(output_dir):
               'save; unused here)', flush=True)
 
 
-@gin.configurable(module='terraformer')
-def train(output_dir,
-          model=gin.REQUIRED,
-          train_stream=gin.REQUIRED,
-          eval_stream=gin.REQUIRED,
-          steps=1000,
-          optimizer=optimizers.Adam,
-          lr_schedule_fn=lr_schedules.multifactor,
-          eval_every=100,
-          eval_batches=10,
-          checkpoint_every=100,
-          permanent_checkpoint_every=None,
-          random_seed=None,
-          use_memory_efficient_trainer=False,
-          callbacks=(),
-          init_checkpoint=None,
-          keep_checkpoints=2,
-          skip_non_finite=False,
-          weight_sharding='replicated',
-          write_model_pkl=True,
-          fsdp_gather_weights=False):
-  """Trains `model` to `steps` total steps, resuming from `output_dir`.
+@gin.configurable('train', module='terraformer')
+@dataclasses.dataclass(frozen=True)
+class TrainSettings:
+  """What `train` trains and how: gin's `terraformer.train.*` bindings.
 
-  Args:
-    output_dir: directory for checkpoints and TensorBoard event files; if it
-      has a checkpoint, training continues from it.
+  `TrainSettings()` takes its fields from the bindings (`terraformer.train.
+  steps = 1000` in a gin file, `--config=terraformer.train.steps=10` on a
+  command line); fields given as arguments take precedence, as for any gin
+  configurable.
+
+  Attributes:
     model: Trax model function taking `mode=` ('train' or 'eval').
     train_stream: function with no args returning an iterator of
       `(inputs, targets, weights)` numpy batches.
@@ -527,91 +455,157 @@ def train(output_dir,
       of each step so that the activations split along the batch
       (`ShardedTrainer(gather_weights=True)`); for weights that fit on one
       device (the 800M configs, not 17B).
+  """
+  model: Any = gin.REQUIRED
+  train_stream: Any = gin.REQUIRED
+  eval_stream: Any = gin.REQUIRED
+  steps: int = 1000
+  optimizer: Any = optimizers.Adam
+  lr_schedule_fn: Any = lr_schedules.multifactor
+  eval_every: Any = 100
+  eval_batches: int = 10
+  checkpoint_every: Any = 100
+  permanent_checkpoint_every: Any = None
+  random_seed: Any = None
+  use_memory_efficient_trainer: bool = False
+  callbacks: Any = ()
+  init_checkpoint: Any = None
+  keep_checkpoints: int = 2
+  skip_non_finite: bool = False
+  weight_sharding: str = 'replicated'
+  write_model_pkl: bool = True
+  fsdp_gather_weights: bool = False
+
+  def eval_at(self, step):
+    """Whether to evaluate after `step`: at 1, every `eval_every`, the end."""
+    return step == 1 or _every(self.eval_every, self.steps)(step)
+
+  def checkpoint_at(self, step):
+    return _every(self.checkpoint_every, self.steps)(step)
+
+  def permanent_checkpoint_at(self, step):
+    return _every(self.permanent_checkpoint_every, None)(step)
+
+
+def train(output_dir, settings=None, **overrides):
+  """Trains `settings.model` to `settings.steps` total steps, resuming from
+  `output_dir`.
+
+  Args:
+    output_dir: directory for checkpoints and TensorBoard event files; if it
+      has a checkpoint, training continues from it. One trainer at a time:
+      a second one on a directory that a live run holds raises
+      `run_lock.RunDirInUse` and writes nothing (terraformer/training/
+      run_lock.py).
+    settings: a `TrainSettings`; None: `TrainSettings()`, from the gin
+      bindings `terraformer.train.*`.
+    **overrides: `TrainSettings` fields that take precedence over those of
+      `settings` or the bindings (e.g. `steps=` of a command-line flag).
 
   Returns:
     The `trax.supervised.training.Loop` after training (`.step`, `.history`,
     `.model`); with 'fsdp' a `sharded_training.FsdpLoop` (`.step`,
     `.history`, `.trainer`).
   """
-  n_devices = jax.local_device_count()
-  chief = not jax.process_index()  # Reads and writes output_dir.
-  fsdp = _check_weight_sharding(weight_sharding, use_memory_efficient_trainer,
-                                callbacks, init_checkpoint)
+  settings = _checked(settings, overrides)
+  output_dir = os.path.expanduser(output_dir)
+  progress = _Progress(settings.steps)
+  with _output_dir_held(output_dir) as made_dir:
+    # Model and data before anything else: a config error leaves no files.
+    with resume.removed_if_failed(output_dir, made_dir):
+      inputs = _inputs(settings)
+    if settings.weight_sharding == 'fsdp':
+      return sharded_training.train_fsdp(output_dir, settings, inputs,
+                                         made_dir, progress)
+    return _train_replicated(output_dir, settings, inputs, made_dir, progress)
+
+
+def _checked(settings, overrides):
+  """`settings` (or the bound ones) with `overrides`, checked before
+  anything is built, with the random seed of process 0."""
+  if settings is None:
+    settings = TrainSettings(**overrides)
+  elif overrides:
+    settings = dataclasses.replace(settings, **overrides)
+  fsdp = _check_weight_sharding(
+      settings.weight_sharding, settings.use_memory_efficient_trainer,
+      settings.callbacks, settings.init_checkpoint)
+  if (distributed.is_multiprocess() and jax.local_device_count() == 1
+      and not fsdp):  # Loop then jits: no cross-device sum.
+    raise errors.TerraformerError(
+        'a multi-process job needs more than one device per process: '
+        "Trax's Loop averages gradients across processes only through "
+        'pmap, which it uses for 2 or more local devices')
+  if settings.init_checkpoint:
+    finetune.checkpoint_file(settings.init_checkpoint)  # Fail early.
   if fsdp or distributed.is_multiprocess():  # Same initial weights.
-    random_seed = distributed.shared_seed(random_seed)
-  if distributed.is_multiprocess():
-    if n_devices == 1 and not fsdp:  # Loop then jits: no cross-device sum.
-      raise errors.TerraformerError(
-          'a multi-process job needs more than one device per process: '
-          "Trax's Loop averages gradients across processes only through "
-          'pmap, which it uses for 2 or more local devices')
-    train_stream = _this_process_rows(train_stream)
-    eval_stream = _this_process_rows(eval_stream)
-  # Build model and data first: a config error must not leave files behind.
-  train_model, eval_model = model(mode='train'), model(mode='eval')
+    settings = dataclasses.replace(
+        settings, random_seed=distributed.shared_seed(settings.random_seed))
+  return settings
+
+
+@contextlib.contextmanager
+def _output_dir_held(output_dir):
+  """Holds `output_dir`'s `run_lock.RunLock` (on process 0, which alone
+  owns it) while the block runs; yields whether it made the directory.
+
+  A refusal stops every process before anything is written.
+  """
+  chief = not jax.process_index()
+  lock = run_lock.RunLock(output_dir)
+  refusal = None
+  if chief:
+    try:
+      lock.acquire()
+    except run_lock.RunDirInUse as e:
+      refusal = e
+  if refusal is not None and not distributed.is_multiprocess():
+    raise refusal
+  run_state.stop_together(refusal and str(refusal), chief)
+  try:
+    yield lock.made_dir
+  finally:
+    lock.release()
+
+
+def _inputs(settings):
+  """The `run_state.Inputs` of `settings`: models and first batches built,
+  each process's rows of the batches of a multi-process job."""
+  n_devices = jax.local_device_count()
+  train_stream = _this_process_rows(settings.train_stream)
+  eval_stream = _this_process_rows(settings.eval_stream)
+  train_model = settings.model(mode='train')
+  eval_model = settings.model(mode='eval')
   train_batch, train_batches = _first_batch(
       train_stream, 'train_stream', n_devices)
-  eval_batch, eval_batches_it = _first_batch(
+  eval_batch, eval_batches = _first_batch(
       eval_stream, 'eval_stream', n_devices)
   # Every evaluation sees the same `eval_batches` batches: comparable curves.
-  eval_set = list(itertools.islice(eval_batches_it, eval_batches))
-  eval_batches_it = itertools.cycle(eval_set)
-  progress = _Progress(steps)
-  output_dir = os.path.expanduser(output_dir)
-  eval_at = lambda s: s == 1 or _every(eval_every, steps)(s)
-  if fsdp:
-    return sharded_training.train_fsdp(
-        output_dir, train_model, eval_model, train_batch, train_batches,
-        eval_set, steps, optimizer(), lr_schedule_fn(), random_seed,
-        keep_checkpoints, skip_non_finite, write_model_pkl,
-        fsdp_gather_weights, eval_at,
-        _every(checkpoint_every, steps),
-        _every(permanent_checkpoint_every, None), _eval_metric_layers(),
-        list(EVAL_METRICS), progress)
+  eval_set = list(itertools.islice(eval_batches, settings.eval_batches))
+  return run_state.Inputs(train_model, eval_model, train_batch,
+                          train_batches, eval_batch, eval_set)
 
-  train_task = training.TrainTask(
-      train_batches, tl.WeightedCategoryCrossEntropy(), optimizer(),
-      lr_schedule=lr_schedule_fn(), n_steps_per_checkpoint=checkpoint_every,
-      loss_name='loss', sample_batch=train_batch)
-  eval_task = training.EvalTask(
-      eval_batches_it, _eval_metric_layers(), metric_names=list(EVAL_METRICS),
-      n_eval_batches=eval_batches, sample_batch=eval_batch)
 
-  if init_checkpoint:
-    finetune.checkpoint_file(init_checkpoint)  # Fail before writing anything.
+def _train_replicated(output_dir, settings, inputs, made_dir, progress):
+  """Trains with Trax's Loop (`_CheckpointedLoop`); returns it."""
+  chief = not jax.process_index()  # Reads and writes output_dir.
   try:
-    with resume.removed_if_failed(output_dir, chief):
-      store = None
-      if chief:
-        _remove_broken_data_counters(output_dir)
-        store = checkpoints.CheckpointStore(output_dir, keep=keep_checkpoints)
-      loop = _CheckpointedLoop(
-          train_model, [train_task], eval_model=eval_model,
-          eval_tasks=[eval_task], output_dir=output_dir if chief else None,
-          eval_at=eval_at,
-          checkpoint_at=_every(checkpoint_every, steps),
-          permanent_checkpoint_at=_every(permanent_checkpoint_every, None),
-          random_seed=random_seed,
-          use_memory_efficient_trainer=use_memory_efficient_trainer,
-          callbacks=[progress.attach] + list(callbacks), store=store,
-          skip_non_finite=skip_non_finite)
-      if init_checkpoint and not loop.step:
-        n_loaded = finetune.init_weights(loop, init_checkpoint)
-        say(f'Fine-tuning from {init_checkpoint}: loaded {n_loaded} weight '
-            'arrays (optimizer state and step start fresh)')
+    with resume.removed_if_failed(output_dir, made_dir):
+      loop = _start_loop(output_dir if chief else None, settings, inputs,
+                         progress)
   except BaseException as e:
     if _another_process_failed(e):
       raise _process_group_error(e, 'start-up') from None
     raise
-
-  if not resume.resume(loop, train_batches, steps, output_dir,
-                       init_checkpoint):
+  steps = settings.steps
+  if not resume.resume(loop, inputs.train_batches, steps, output_dir,
+                       settings.init_checkpoint):
     return loop
   processes = (f' ({jax.process_count()} processes, '
                f'{jax.device_count()} devices in all)'
                if distributed.is_multiprocess() else '')
   say(f'Training steps {loop.step + 1}..{steps} on {loop.n_devices} '
-       f'device(s){processes}, output in {output_dir}')
+      f'device(s){processes}, output in {output_dir}')
   try:
     loop.run(steps - loop.step)
   except jax.errors.JaxRuntimeError as e:
@@ -620,6 +614,41 @@ def train(output_dir,
     raise
   if chief:
     progress.report()
+  return loop
+
+
+def _start_loop(output_dir, settings, inputs, progress):
+  """The `_CheckpointedLoop` of `settings`, resumed from `output_dir`'s
+  checkpoint or initialized from `init_checkpoint`; `output_dir` is None
+  on processes other than 0."""
+  train_task = training.TrainTask(
+      inputs.train_batches, tl.WeightedCategoryCrossEntropy(),
+      settings.optimizer(), lr_schedule=settings.lr_schedule_fn(),
+      n_steps_per_checkpoint=settings.checkpoint_every, loss_name='loss',
+      sample_batch=inputs.train_batch)
+  eval_task = training.EvalTask(
+      itertools.cycle(inputs.eval_set), run_state.eval_metric_layers(),
+      metric_names=list(run_state.EVAL_METRICS),
+      n_eval_batches=settings.eval_batches, sample_batch=inputs.eval_batch)
+  store = None
+  if output_dir is not None:
+    _remove_broken_data_counters(output_dir)
+    store = checkpoints.CheckpointStore(output_dir,
+                                        keep=settings.keep_checkpoints)
+  loop = _CheckpointedLoop(
+      inputs.train_model, [train_task], eval_model=inputs.eval_model,
+      eval_tasks=[eval_task], output_dir=output_dir,
+      eval_at=settings.eval_at, checkpoint_at=settings.checkpoint_at,
+      permanent_checkpoint_at=settings.permanent_checkpoint_at,
+      random_seed=settings.random_seed,
+      use_memory_efficient_trainer=settings.use_memory_efficient_trainer,
+      callbacks=[progress.attach] + list(settings.callbacks), store=store,
+      skip_non_finite=settings.skip_non_finite)
+  init_checkpoint = settings.init_checkpoint
+  if init_checkpoint and not loop.step:
+    n_loaded = finetune.init_weights(loop, init_checkpoint)
+    say(f'Fine-tuning from {init_checkpoint}: loaded {n_loaded} weight '
+        'arrays (optimizer state and step start fresh)')
   return loop
 
 

@@ -3,6 +3,8 @@
 `terraformer.train` runs Trax's Loop (`loop._CheckpointedLoop`) or, with
 `weight_sharding = 'fsdp'`, `fsdp.FsdpLoop`; both start the same way:
 
+- one trainer at a time: process 0 holds the output directory's lock
+  (`run_lock`) from start to end, and a second trainer stops before writing;
 - a failed start (bad config, model or data found while building the loop)
   removes the output directory if it made it (nothing of value was written);
 - a restored checkpoint says how many train batches it had consumed: they are
@@ -22,12 +24,10 @@ from terraformer.distributed import say
 
 
 @contextlib.contextmanager
-def removed_if_failed(output_dir, chief=True):
-  """Removes `output_dir` if it did not exist and the block fails.
-
-  `chief`: whether this process owns `output_dir` (process 0 of a job).
-  """
-  fresh = chief and not os.path.exists(output_dir)
+def removed_if_failed(output_dir, fresh):
+  """Removes `output_dir` if the block fails and `fresh`: this run made it
+  (`run_lock.RunLock.made_dir`, on process 0, which owns it), so nothing of
+  value is in it."""
   try:
     yield
   except BaseException:

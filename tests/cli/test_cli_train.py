@@ -1,6 +1,7 @@
 """terraformer-train: the error policy, and a short run that checkpoints."""
 import errno
 import os
+import socket
 import subprocess
 import sys
 
@@ -107,6 +108,33 @@ def test_train_two_steps_then_resume(tmp_path, capsys):
   assert 'Resuming from checkpoint at step 2' in out
   assert [l.split()[1] for l in out.splitlines() if l.startswith('step ')
          ] == ['3/3']
+
+
+def test_second_trainer_on_a_held_output_dir_is_refused(tmp_path, capsys):
+  """While a trainer holds --output_dir, another one stops at start: one
+  line naming the holder, exit 2, nothing written."""
+  out_dir = tmp_path / 'out'
+  holder = subprocess.Popen(
+      [sys.executable, '-c', 'import sys; from terraformer.training import '
+       'run_lock; run_lock.RunLock(sys.argv[1]).acquire(); print("held", '
+       'flush=True); sys.stdin.read()', str(out_dir)],
+      stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+  try:
+    assert holder.stdout.readline() == 'held\n'
+    files = lambda: sorted((p.name, p.read_bytes(), p.stat().st_mtime_ns)
+                           for p in out_dir.rglob('*'))
+    before = files()
+    code, out, err = _run(capsys, '--config_file=' + tiny_lm.write_config(
+        tmp_path), '--output_dir=' + str(out_dir), '--steps=2')
+    assert code == 2
+    _assert_one_line_error(
+        err, f'output_dir {out_dir} is in use by another trainer: pid '
+        f'{holder.pid} on host {socket.gethostname()} (started ')
+    assert out == ''
+    assert files() == before
+  finally:
+    holder.stdin.close()
+    holder.wait(timeout=60)
 
 
 @pytest.mark.slow

@@ -1,4 +1,5 @@
 """terraformer.training.loop.train: learning, resuming, data parallelism."""
+import dataclasses
 import functools
 import glob
 import json
@@ -22,6 +23,7 @@ from terraformer.checkpoint import store as checkpoints
 from terraformer.trax_bridge import compat
 from terraformer import errors
 from terraformer.training import loop as training
+from terraformer.training import run_lock
 
 compat.apply()
 
@@ -105,6 +107,7 @@ def test_loss_falls_and_outputs_are_written(tmp_path, capsys):
   accuracy = loop.history.get('eval', 'metrics/accuracy')
   assert accuracy[-1][1] > accuracy[0][1]
   assert os.path.exists(tmp_path / 'model.pkl.gz')
+  assert not os.path.exists(tmp_path / run_lock.LOCK_FILE)  # Released.
   assert _scalar_steps(tmp_path / 'train', 'metrics/loss') == [1, 20, 40]
   assert _scalar_steps(tmp_path / 'eval', 'metrics/log_perplexity') == [
       1, 20, 40]
@@ -179,6 +182,7 @@ def test_non_finite_loss_stops_training_before_its_checkpoint(tmp_path):
       r'for this step; last checkpoint: step 2')):
     _train(tmp_path, 4, checkpoint_every=1, train_stream=_stream_with_nan_at(3))
   assert sorted(os.listdir(tmp_path / 'checkpoints')) == ['1', '2']
+  assert not os.path.exists(tmp_path / run_lock.LOCK_FILE)  # Released.
   saved = checkpoint_format.read_trax_checkpoint(str(tmp_path / 'model.pkl.gz'))
   assert saved['step'] == 2
   assert all(np.isfinite(w).all() for w in saved['flat_weights'])
@@ -271,6 +275,35 @@ def test_every_evaluation_sees_the_same_batches(tmp_path):
   evals = loop.history.get('eval', 'metrics/loss')
   assert [step for step, _ in evals] == [1, 2, 4]
   assert len(drawn) == 2  # only the first eval_batches batches are drawn
+
+
+def test_settings_are_the_terraformer_train_bindings():
+  """`terraformer.train.*` binds `TrainSettings`; arguments take precedence;
+  the schedule follows the bound frequencies."""
+  try:
+    gin.parse_config(['terraformer.train.steps = 7',
+                      'terraformer.train.eval_every = 3',
+                      'terraformer.train.checkpoint_every = None',
+                      'terraformer.train.permanent_checkpoint_every = 2'])
+    gin.bind_parameter('terraformer.train.model', tiny_lm)
+    gin.bind_parameter('terraformer.train.train_stream', counting_stream())
+    gin.bind_parameter('terraformer.train.eval_stream', counting_stream())
+    settings = training.TrainSettings()
+    assert gin.query_parameter('terraformer.train.steps') == 7
+    assert (settings.steps, settings.eval_every, settings.model) == (
+        7, 3, tiny_lm)
+    assert training.TrainSettings(steps=5).steps == 5
+  finally:
+    gin.clear_config()
+  with pytest.raises(dataclasses.FrozenInstanceError):
+    settings.steps = 8
+  steps = range(1, 8)
+  assert [s for s in steps if settings.eval_at(s)] == [1, 3, 6, 7]
+  assert [s for s in steps if settings.checkpoint_at(s)] == [7]
+  assert [s for s in steps if settings.permanent_checkpoint_at(s)] == [
+      2, 4, 6]
+  with pytest.raises(RuntimeError, match='model'):
+    training.TrainSettings()  # Unbound: gin names the missing binding.
 
 
 @pytest.mark.slow
