@@ -17,22 +17,20 @@
 #   (OUT: runs/experiments/decode_17b_int8)
 NAME=decode_17b_int8
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
-source "$(dirname "${BASH_SOURCE[0]}")/tables.sh"
 
-timing=(--tokens=4 --repeats=3)
+depth=()
 if [[ -n "$SHORT" ]]; then
-  timing=(--tokens=2 --repeats=1)
   for model in ScalingTransformer Terraformer; do
-    timing+=(--config=$model.n_decoder_layers=1 --config=$model.n_encoder_layers=0)
+    depth+=(--config=$model.n_decoder_layers=1 --config=$model.n_encoder_layers=0)
   done
 fi
 banner "17B int8 + kernels, full depth, one model at a time"
-into "$out/bench.txt" .venv/bin/terraformer-bench \
+timed bench 4 .venv/bin/terraformer-bench \
   --config_file=gin/bench/17b_dense_kernels_int8.gin \
   --config_file=gin/bench/17b_sparse_ff_qkv_loss_kernels_int8.gin \
   --config_file=gin/bench/terraformer_17b_kernels_int8.gin \
   --config_file=gin/bench/17b_sparse_ff_qkv_kernels_int8.gin \
-  "${timing[@]}" --json="$out/bench.json"
+  ${depth[@]+"${depth[@]}"}
 tabulate speed models "$out/bench.json" \
   --columns='model,ms/token [min-max],ms/block,MB/token,bound ms,x bound,speedup,per block' \
   --label=17b_dense_kernels_int8=dense \
@@ -46,5 +44,5 @@ tabulate speed models "$out/bench.json" \
   --figure=ff_qkv='sparse FF+QKV:speedup' \
   --figure=ff_qkv_loss='sparse FF+QKV+loss:speedup' \
   --figure=terraformer='Terraformer 17B:speedup'
-record_tables
+record
 banner done "outputs in $out"

@@ -18,20 +18,16 @@
 #   (OUT: runs/experiments/decode_17b_projection)
 NAME=decode_17b_projection
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
-source "$(dirname "${BASH_SOURCE[0]}")/tables.sh"
 
-timing=(--tokens=4 --repeats=3)
-[[ -n "$SHORT" ]] && timing=(--tokens=2 --repeats=1)
 banner "17B dense, sparse FF, QKV, FF+QKV, FF+QKV+loss, Terraformer: 1 block, projected to 6"
-into "$out/bench.txt" .venv/bin/terraformer-bench \
+timed bench 4 .venv/bin/terraformer-bench \
   --config_file=gin/bench/17b_dense.gin \
   --config_file=gin/bench/17b_sparse_ff.gin \
   --config_file=gin/bench/17b_sparse_qkv.gin \
   --config_file=gin/bench/17b_sparse_ff_qkv.gin \
   --config_file=gin/bench/17b_sparse_ff_qkv_loss.gin \
   --config_file=gin/bench/terraformer_17b.gin \
-  --project_layers=6 --memory_budget_gb=9 "${timing[@]}" \
-  --json="$out/bench.json"
+  --project_layers=6 --memory_budget_gb=9
 tabulate projection projection "$out/bench.json" \
   --label=17b_dense=dense --label=17b_sparse_ff='sparse FF (N=256)' \
   --label=17b_sparse_qkv='sparse QKV (S=64)' \
@@ -44,5 +40,5 @@ tabulate projection projection "$out/bench.json" \
   --figure=ff_qkv_bytes='sparse FF+QKV:speedup (bytes)' \
   --figure=ff_qkv_loss='sparse FF+QKV+loss (S=4):speedup (time)' \
   --figure=terraformer='Terraformer 17B:speedup (time)'
-record_tables
+record
 banner done "outputs in $out"

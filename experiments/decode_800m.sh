@@ -17,17 +17,13 @@
 #   bash experiments/decode_800m.sh [OUT]   (OUT: runs/experiments/decode_800m)
 NAME=decode_800m
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
-source "$(dirname "${BASH_SOURCE[0]}")/tables.sh"
 
-timing=(--tokens=8 --repeats=3)
-[[ -n "$SHORT" ]] && timing=(--tokens=2 --repeats=1)
 banner "800M dense, sparse FF+QKV, sparse FF+QKV+loss, Terraformer"
-into "$out/bench.txt" .venv/bin/terraformer-bench \
+timed bench 8 .venv/bin/terraformer-bench \
   --config_file=gin/scaling_800m/dense.gin \
   --config_file=gin/scaling_800m/sparse_ff_qkv.gin \
   --config_file=gin/scaling_800m/sparse_ff_qkv_loss.gin \
-  --config_file=gin/terraformer/c4_800m.gin "${timing[@]}" \
-  --json="$out/bench.json"
+  --config_file=gin/terraformer/c4_800m.gin
 tabulate speed models "$out/bench.json" \
   --label=sparse_ff_qkv='sparse FF+QKV' \
   --label=sparse_ff_qkv_loss='sparse FF+QKV+loss (S=4)' \
@@ -37,5 +33,5 @@ tabulate speed models "$out/bench.json" \
   --figure=ff_qkv_per_block='sparse FF+QKV:per block' \
   --figure=ff_qkv_loss='sparse FF+QKV+loss (S=4):speedup' \
   --figure=terraformer='Terraformer 800M:speedup'
-record_tables
+record
 banner done "outputs in $out"

@@ -18,12 +18,9 @@
 #   (OUT: runs/experiments/decode_800m_kernels)
 NAME=decode_800m_kernels
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
-source "$(dirname "${BASH_SOURCE[0]}")/tables.sh"
 
-timing=(--tokens=4 --repeats=3)
-[[ -n "$SHORT" ]] && timing=(--tokens=2 --repeats=1)
 banner "800M, XLA and fused kernels (float32, bf16, int8 weights)"
-into "$out/bench.txt" .venv/bin/terraformer-bench \
+timed bench 4 .venv/bin/terraformer-bench \
   --config_file=gin/scaling_800m/dense.gin \
   --config_file=gin/scaling_800m/sparse_ff_qkv.gin \
   --config_file=gin/bench/800m_sparse_ff_qkv_kernels.gin \
@@ -31,8 +28,7 @@ into "$out/bench.txt" .venv/bin/terraformer-bench \
   --config_file=gin/bench/800m_sparse_ff_qkv_loss_kernels.gin \
   --config_file=gin/bench/800m_sparse_ff_qkv_loss_kernels_bf16.gin \
   --config_file=gin/bench/800m_sparse_ff_qkv_loss_kernels_int8.gin \
-  --config=ScalingTransformer.n_encoder_layers=1 "${timing[@]}" \
-  --json="$out/bench.json"
+  --config=ScalingTransformer.n_encoder_layers=1
 tabulate speed models "$out/bench.json" \
   --columns='model,ms/token [min-max],ms/block,MB/token,x bound,speedup' \
   --label=dense='dense (XLA)' --label=sparse_ff_qkv='sparse FF+QKV, XLA' \
@@ -43,5 +39,5 @@ tabulate speed models "$out/bench.json" \
   --label=800m_sparse_ff_qkv_loss_kernels_int8='sparse FF+QKV+loss, kernels int8' \
   --figure=ff_qkv_kernels='sparse FF+QKV, kernels:speedup' \
   --figure=ff_qkv_loss_int8='sparse FF+QKV+loss, kernels int8:speedup'
-record_tables
+record
 banner done "outputs in $out"

@@ -16,10 +16,7 @@
 #   (OUT: runs/experiments/decode_800m_sparsity)
 NAME=decode_800m_sparsity
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
-source "$(dirname "${BASH_SOURCE[0]}")/tables.sh"
 
-timing=(--tokens=16 --repeats=3)
-[[ -n "$SHORT" ]] && timing=(--tokens=2 --repeats=1)
 configs=(--config_file=gin/scaling_800m/dense.gin)
 labels=()
 for n in 16 32 64 128; do
@@ -31,8 +28,7 @@ for s in 2 4 8; do
   labels+=(--label=loss_sparsity_$s="loss S=$s")
 done
 banner "800M dense, sparse FF N = 16...128, sparse loss S = 2, 4, 8"
-into "$out/bench.txt" .venv/bin/terraformer-bench "${configs[@]}" \
-  "${timing[@]}" --json="$out/bench.json"
+timed bench 16 .venv/bin/terraformer-bench "${configs[@]}"
 # The paper's decoding seconds per token: Table 7 (loss sparsity); Table 2
 # gives its FF sparsity rows as a trend.
 tabulate speed sparsity "$out/bench.json" "${labels[@]}" \
@@ -40,5 +36,5 @@ tabulate speed sparsity "$out/bench.json" "${labels[@]}" \
   --paper=dense='0.160 s' --paper=loss_sparsity_2='0.158 s (1.01x)' \
   --paper=loss_sparsity_4='0.149 s (1.07x)' \
   --paper=loss_sparsity_8='0.148 s (1.08x)'
-record_tables
+record
 banner done "outputs in $out"

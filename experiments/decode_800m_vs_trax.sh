@@ -16,23 +16,20 @@
 #   (OUT: runs/experiments/decode_800m_vs_trax)
 NAME=decode_800m_vs_trax
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
-source "$(dirname "${BASH_SOURCE[0]}")/tables.sh"
 
-timing=(--tokens=16 --repeats=3)
-[[ -n "$SHORT" ]] && timing=(--tokens=2 --repeats=1)
 banner "800M family, ours and Trax's ConfigurableTransformer"
-into "$out/bench.txt" .venv/bin/terraformer-bench \
+timed bench 16 .venv/bin/terraformer-bench \
   --config_file=gin/scaling_800m/dense.gin \
   --config_file=gin/scaling_800m/sparse_ff.gin \
   --config_file=gin/scaling_800m/sparse_qkv.gin \
   --config_file=gin/scaling_800m/sparse_ff_qkv.gin \
   --config_file=gin/scaling_800m/sparse_ff_qkv_loss.gin \
-  --compare_trax "${timing[@]}" --json="$out/bench.json"
+  --compare_trax
 tabulate speed vs_trax "$out/bench.json" \
   --columns='model,ms/token,Trax ms/token,ours vs Trax' \
   --label=sparse_ff='sparse FF (N=64)' --label=sparse_qkv='sparse QKV (S=16)' \
   --label=sparse_ff_qkv='sparse FF+QKV' \
   --label=sparse_ff_qkv_loss='sparse FF+QKV+loss (S=4)' \
   --figure=ff_qkv_loss_vs_trax='sparse FF+QKV+loss (S=4):ours vs Trax'
-record_tables
+record
 banner done "outputs in $out"

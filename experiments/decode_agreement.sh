@@ -19,7 +19,6 @@
 #   (OUT: runs/experiments/decode_agreement)
 NAME=decode_agreement
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
-source "$(dirname "${BASH_SOURCE[0]}")/tables.sh"
 
 tokens=16
 [[ -n "$SHORT" ]] && tokens=2
@@ -36,5 +35,5 @@ tabulate agreement paths "$out/agreement.json" \
   --label=800m_sparse_ff_qkv_loss_kernels_bf16='kernels, bf16 weights' \
   --label=800m_sparse_ff_qkv_loss_kernels_int8='kernels, int8 weights' \
   --figure=int8_max_delta='kernels, int8 weights:max |delta logit| vs the first'
-record_tables
+record
 banner done "outputs in $out"

@@ -17,7 +17,6 @@
 #   (OUT: runs/experiments/decode_d_model_sweep)
 NAME=decode_d_model_sweep
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
-source "$(dirname "${BASH_SOURCE[0]}")/tables.sh"
 
 sweep=(--sweep_d_models=512,1024,2048,4096 --tokens=16 --repeats=3)
 [[ -n "$SHORT" ]] && sweep=(--sweep_d_models=256,512 --tokens=2 --repeats=1)
@@ -28,5 +27,5 @@ into "$out/bench.txt" .venv/bin/terraformer-bench --sweep \
   --plot="$out/decode_speedup_vs_d_model.png" --json="$out/bench.json"
 tabulate sweep sweep "$out/bench.json" \
   --label=sweep_dense=dense --label=sweep_sparse=sparse
-record_tables
+record
 banner done "outputs in $out"

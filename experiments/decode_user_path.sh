@@ -16,7 +16,6 @@
 #   (OUT: runs/experiments/decode_user_path)
 NAME=decode_user_path
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
-source "$(dirname "${BASH_SOURCE[0]}")/tables.sh"
 
 models=(--config_file=gin/scaling_800m/dense.gin
         --config_file=gin/scaling_800m/sparse_ff_qkv_loss.gin)
@@ -31,5 +30,5 @@ into "$out/user_path.txt" .venv/bin/terraformer-bench --trax_user_path \
 tabulate user_path calls "$out/user_path.json" \
   --label=dense='dense 800M' --label=sparse_ff_qkv_loss='sparse FF+QKV+loss 800M' \
   "${figure[@]}"
-record_tables
+record
 banner done "outputs in $out"

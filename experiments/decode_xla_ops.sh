@@ -15,7 +15,6 @@
 #   bash experiments/decode_xla_ops.sh [OUT]  (OUT: runs/experiments/decode_xla_ops)
 NAME=decode_xla_ops
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
-source "$(dirname "${BASH_SOURCE[0]}")/tables.sh"
 
 configs=(gin/scaling_800m/dense.gin gin/scaling_800m/sparse_ff.gin
          gin/scaling_800m/sparse_qkv.gin gin/scaling_800m/sparse_ff_qkv.gin
@@ -29,5 +28,5 @@ tabulate xla_ops ops "$out/xla_ops.json" \
   --label=sparse_ff_qkv='sparse FF+QKV' \
   --label=sparse_ff_qkv_loss='sparse FF+QKV+loss' \
   --label=c4_800m='Terraformer 800M'
-record_tables
+record
 banner done "outputs in $out"

@@ -23,40 +23,35 @@
 NAME=long_documents_decoding
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
-timing=(--config=Terraformer.n_encoder_layers=1 --tokens=8 --repeats=3)
-[[ -n "$SHORT" ]] && timing=(--config=Terraformer.n_encoder_layers=1 --tokens=2 --repeats=1)
 B=gin/bench/terraformer_800m
 banner "1024 input tokens: dense 800M, Terraformer, pooled, CST"
-into "$out/bench_1k.txt" .venv/bin/terraformer-bench \
+timed bench_1k 8 .venv/bin/terraformer-bench \
   --config_file=gin/scaling_800m/dense.gin \
   --config_file=gin/terraformer/c4_800m.gin --config_file=${B}_1k_pooled.gin \
-  --config_file=${B}_1k_cst.gin "${timing[@]}" --prompt_len=1024 \
-  --json="$out/bench_1k.json"
+  --config_file=${B}_1k_cst.gin --config=Terraformer.n_encoder_layers=1 \
+  --prompt_len=1024
 banner "16384 input tokens: pooled"
-into "$out/bench_16k.txt" .venv/bin/terraformer-bench \
-  --config_file=${B}_16k_pooled.gin "${timing[@]}" --prompt_len=16384 \
-  --json="$out/bench_16k.json"
+timed bench_16k 8 .venv/bin/terraformer-bench \
+  --config_file=${B}_16k_pooled.gin --config=Terraformer.n_encoder_layers=1 \
+  --prompt_len=16384
 
 labels=(--label='dense=dense 800M (24-block encoder)'
         --label='c4_800m=Terraformer 800M, unpooled'
         --label='terraformer_800m_1k_pooled=Terraformer 800M, pooled to 1024'
         --label='terraformer_800m_1k_cst=Terraformer 800M, CST (L 32, α 3)'
         --label='terraformer_800m_16k_pooled=Terraformer 800M, pooled to 1024, 16k input')
-mapfile -t figures < <(.venv/bin/python experiments/cli_tables.py speed \
-  --out="$out/decoding_1k.json" "$out/bench_1k.json" "${labels[@]}" \
+tabulate speed decoding_1k "$out/bench_1k.json" "${labels[@]}" \
   --columns='model,ms/token [min-max],MB/token,x bound,speedup' \
-  --figure='terraformer_1k_vs_dense=Terraformer 800M, unpooled:speedup')
-.venv/bin/python experiments/cli_tables.py speed \
-  --out="$out/decoding_16k.json" "$out/bench_16k.json" "${labels[@]}" \
+  --figure='terraformer_1k_vs_dense=Terraformer 800M, unpooled:speedup'
+tabulate speed decoding_16k "$out/bench_16k.json" "${labels[@]}" \
   --columns='model,ms/token [min-max],MB/token,x bound'
 # The pooled model's ms/token on 16k input over its ms/token on 1k input.
-figures+=("pooled_16k_vs_1k=$(.venv/bin/python - "$out" <<'PY'
+ratio=$(.venv/bin/python - "$out" <<'PY'
 import json, sys
 ms = lambda path, name: next(m['ms_per_token'] for m in json.load(open(path))['models'] if m['name'] == name)
 out = sys.argv[1]
 print(f"{ms(f'{out}/bench_16k.json', 'terraformer_800m_16k_pooled') / ms(f'{out}/bench_1k.json', 'terraformer_800m_1k_pooled'):.2f}x")
 PY
-)")
-record --table decoding_1k="$out/decoding_1k.json" \
-  --table decoding_16k="$out/decoding_16k.json" "${figures[@]/#/--figure=}"
+)
+record --figure=pooled_16k_vs_1k="$ratio"
 banner done "outputs in $out"

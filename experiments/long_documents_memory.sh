@@ -13,7 +13,7 @@
 # Short version (1024 tokens only, no results file):
 #   SHORT=1 bash experiments/long_documents_memory.sh
 # Writes OUT/timed.json, OUT/memory_only.json (terraformer-memory-bench --json),
-# their plots (*.png), OUT/memory_table.json and
+# their plots (*.png), OUT/memory.json and
 # results/long_documents_memory.json (table memory).
 #   bash experiments/long_documents_memory.sh [OUT]
 #   (OUT: runs/experiments/long_documents_memory)
@@ -32,10 +32,8 @@ into "$out/memory_only.json" .venv/bin/terraformer-memory-bench \
   --input_lens="$lens" --time_budget_gb=0 --config_file=$B/long_lsh.gin \
   --config_file=$B/long_blockwise.gin --config_file=$B/long_cst.gin \
   --plot="$out/memory_only.png" --json >/dev/null
-.venv/bin/python scripts/experiment_tables.py lengths \
-  --out="$out/memory_table.json" --label=long_full=full \
-  --label=long_pyramidion=Pyramidion --label=long_lsh=LSH \
-  --label=long_blockwise=blockwise --label=long_cst=CST \
-  "$out/timed.json" "$out/memory_only.json"
-record --table memory="$out/memory_table.json"
+tabulate lengths memory "$out/timed.json" "$out/memory_only.json" \
+  --label=long_full=full --label=long_pyramidion=Pyramidion \
+  --label=long_lsh=LSH --label=long_blockwise=blockwise --label=long_cst=CST
+record
 banner done "outputs in $out"

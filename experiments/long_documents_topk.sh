@@ -8,8 +8,9 @@
 # Cost: about 0.1 core-hours on the 2-core CPU (times move with the load).
 # Short version (n = 256 and 1024, 1 repeat; no results file):
 #   SHORT=1 bash experiments/long_documents_topk.sh
-# Writes OUT/topk.json (terraformer-topk-bench --json), OUT/topk_operator.png,
-# OUT/topk_table.json and results/long_documents_topk.json (table topk).
+# Writes OUT/bench.{txt,json} (terraformer-topk-bench, --json),
+# OUT/topk_operator.png, OUT/topk.json and results/long_documents_topk.json
+# (table topk). Rerunning reuses OUT/bench.txt (delete it to re-time).
 #   bash experiments/long_documents_topk.sh [OUT]
 #   (OUT: runs/experiments/long_documents_topk)
 NAME=long_documents_topk
@@ -18,13 +19,9 @@ source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 sizes=(--ns=256,1024,4096,16384 --repeats=3)
 [[ -n "$SHORT" ]] && sizes=(--ns=256,1024 --repeats=1)
 banner "top-k operators at k = 128"
-if [[ ! -s "$out/topk.json" ]]; then
-  .venv/bin/terraformer-topk-bench --ks=128 "${sizes[@]}" \
-    --methods=sh,sh_unsorted,sh_plain,goyal,hard \
-    --plot="$out/topk_operator.png" --json="$out/topk.json.tmp"
-  mv "$out/topk.json.tmp" "$out/topk.json"
-fi
-.venv/bin/python scripts/experiment_tables.py topk --k=128 \
-  --out="$out/topk_table.json" "$out/topk.json"
-record --table topk="$out/topk_table.json"
+into "$out/bench.txt" .venv/bin/terraformer-topk-bench --ks=128 "${sizes[@]}" \
+  --methods=sh,sh_unsorted,sh_plain,goyal,hard \
+  --plot="$out/topk_operator.png" --json="$out/bench.json"
+tabulate topk topk "$out/bench.json" --k=128
+record
 banner done "outputs in $out"

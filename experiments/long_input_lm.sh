@@ -64,29 +64,24 @@ train cst_s1 lm_recall8_cst 1 '2500 5000'
 # the runs (terraformer-export) and their scores at each STEP, as the results
 # tables NAME_log_ppl and NAME_exact_match.
 tables() {
-  local name=$1 steps=$2 spec label run step export=() scores=(); shift 2
+  local name=$1 steps=$2 spec label run step curves=() scores=(); shift 2
   for spec in "$@"; do
     label=${spec%%=*}; run=${spec#*=}
-    export+=(--logdir="$out/${run%:*}" --label="$label")
+    curves+=(--logdir="$out/${run%:*}" --label="$label")
     for step in ${run#*:}; do
-      scores+=("--row=$label=$out/${run%:*}/eval_$(scale "$step").json")
+      scores+=("$label=$out/${run%:*}/eval_$(scale "$step").json")
     done
   done
   banner "$name: eval log-perplexity by step, exact match"
-  .venv/bin/terraformer-export "${export[@]}" --out="$out/export_$name" \
+  .venv/bin/terraformer-export "${curves[@]}" --out="$out/export_$name" \
     --metrics='^eval/|^train/metrics' --table=eval/metrics/log_perplexity \
     --table_steps="$steps"
-  .venv/bin/python experiments/cli_tables.py markdown \
-    --out="$out/${name}_log_ppl.json" "$out/export_$name/table.md"
-  .venv/bin/python scripts/experiment_tables.py recall \
-    --out="$out/${name}_exact_match.json" "${scores[@]}"
+  tabulate markdown "${name}_log_ppl" "$out/export_$name/table.md"
+  tabulate recall "${name}_exact_match" "${scores[@]}"
 }
 tables conv "$conv_steps" 'dense Q/K/V=dense:10500' \
   'sparse QKV, S 4, F 3=sparse_qkv:2000' 'dense Q/K/V + LocalConv 3=full_s0:1500'
 tables cst "$cst_steps" 'Full, seed 0=full_s0:2500' 'Full, seed 1=full_s1:2500' \
   'CST L 8 α 1, seed 0=cst_s0:2500 5000' 'CST L 8 α 1, seed 1=cst_s1:2500 5000'
-record --table conv_log_ppl="$out/conv_log_ppl.json" \
-  --table conv_exact_match="$out/conv_exact_match.json" \
-  --table cst_log_ppl="$out/cst_log_ppl.json" \
-  --table cst_exact_match="$out/cst_exact_match.json"
+record
 banner done "outputs in $out"

@@ -9,8 +9,8 @@
 # Cost: about 0.3 core-hours on the 2-core CPU (compiling only).
 # Short version (256 and 1024 tokens, no results file):
 #   SHORT=1 bash experiments/long_input_memory.sh
-# Writes OUT/memory.json (terraformer-memory-bench --json), OUT/memory_table.json
-# and results/long_input_memory.json (table memory).
+# Writes OUT/memory_bench.json (terraformer-memory-bench --json),
+# OUT/memory.json and results/long_input_memory.json (table memory).
 #   bash experiments/long_input_memory.sh [OUT]  (OUT: runs/experiments/long_input_memory)
 NAME=long_input_memory
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
@@ -19,15 +19,15 @@ lens=256,1024,4096
 [[ -n "$SHORT" ]] && lens=256,1024
 G=gin/long_input
 banner "compiled gradient-step memory at $lens input tokens"
-into "$out/memory.json" .venv/bin/terraformer-memory-bench --input_lens="$lens" \
+into "$out/memory_bench.json" .venv/bin/terraformer-memory-bench --input_lens="$lens" \
   --config_file=$G/full.gin --config_file=$G/blockwise.gin \
   --config_file=$G/transpooler.gin --config_file=$G/pyramidion.gin \
   --config_file=$G/cst.gin --config_file=$G/lsh.gin \
   --config='ScalingTransformer.max_len=4096' --batch_size=8 --target_len=4 \
   --time_budget_gb=0 --json > /dev/null
-.venv/bin/python scripts/experiment_tables.py lengths --out="$out/memory_table.json" \
+tabulate lengths memory "$out/memory_bench.json" \
   --label='blockwise=blockwise 64' --label='transpooler=Transpooler' \
   --label='pyramidion=Pyramidion' --label='cst=CST (L 16, α 1)' \
-  --label='lsh=LSH (chunks of 64, 2 hashes)' "$out/memory.json"
-record --table memory="$out/memory_table.json"
+  --label='lsh=LSH (chunks of 64, 2 hashes)'
+record
 banner done "outputs in $out"

@@ -25,7 +25,6 @@ fresh_env=
 start=$(date +%s)
 NAME=main_job
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
-source "$(dirname "${BASH_SOURCE[0]}")/tables.sh"
 setup_s=$(( $(date +%s) - start ))
 
 args=()
@@ -62,5 +61,5 @@ if [[ -n "$from_scratch" ]]; then
   printf '{"columns": ["measure", "this run"], "rows": [%s]}\n' "$rows" > "$out/run.json"
   run=(--table=run="$out/run.json" --figure=job_time="$(minutes "$job_s")")
 fi
-record_tables "${run[@]}"
+record "${run[@]}"
 banner done "outputs in $out"

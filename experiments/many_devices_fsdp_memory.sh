@@ -19,7 +19,6 @@
 #   (OUT: runs/experiments/many_devices_fsdp_memory)
 NAME=many_devices_fsdp_memory
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
-source "$(dirname "${BASH_SOURCE[0]}")/tables.sh"
 
 gather=--config=terraformer.train.fsdp_gather_weights=True
 # label|gin|devices|extra binding
@@ -46,5 +45,5 @@ for cell in "${cells[@]}"; do
   pairs+=("$label=$json")
 done
 tabulate compiled compiled "${pairs[@]}"
-record_tables
+record
 banner done "outputs in $out"

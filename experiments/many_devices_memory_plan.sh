@@ -16,7 +16,6 @@
 #   (OUT: runs/experiments/many_devices_memory_plan)
 NAME=many_devices_memory_plan
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
-source "$(dirname "${BASH_SOURCE[0]}")/tables.sh"
 
 cells=(terraformer/17b:1 terraformer/17b:8 terraformer/17b:64
        terraformer/c4_800m:1 terraformer/c4_800m:8
@@ -33,5 +32,5 @@ for cell in "${cells[@]}"; do
   pairs+=("\`gin/$config.gin\`=$json")
 done
 tabulate plan plan "${pairs[@]}"
-record_tables
+record
 banner done "outputs in $out"

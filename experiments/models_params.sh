@@ -33,16 +33,13 @@ for spec in "${configs[@]}"; do
   banner "$config"
   into "$json" .venv/bin/terraformer-info --config_file="gin/$config.gin" \
     --json > /dev/null
-  rows[$table]+="--row=$label=$json"$'\n'
+  rows[$table]+="$label=$json"$'\n'
 done
 
-tables=()
 for table in scaling_800m terraformer; do
   [[ -n "${rows[$table]:-}" ]] || continue
   mapfile -t args <<< "${rows[$table]%$'\n'}"
-  .venv/bin/python scripts/experiment_tables.py params \
-    --out="$out/$table.json" "${args[@]}"
-  tables+=(--table "$table=$out/$table.json")
+  tabulate params "$table" "${args[@]}"
 done
-record "${tables[@]}"
+record
 banner done "outputs in $out"

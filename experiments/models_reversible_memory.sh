@@ -8,8 +8,8 @@
 # Cost: about 0.2 core-hours on the 2-core CPU (compiling only).
 # Short version (1 and 2 layers, 256 input tokens; no results file):
 #   SHORT=1 bash experiments/models_reversible_memory.sh
-# Writes OUT/depth.json (terraformer-memory-bench --json), OUT/depth_table.json
-# and results/models_reversible_memory.json (table depth).
+# Writes OUT/memory_bench.json (terraformer-memory-bench --json),
+# OUT/depth.json and results/models_reversible_memory.json (table depth).
 #   bash experiments/models_reversible_memory.sh [OUT]
 #   (OUT: runs/experiments/models_reversible_memory)
 NAME=models_reversible_memory
@@ -18,9 +18,8 @@ source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 sizes=(--layers=1,2,4,8 --input_len=2048)
 [[ -n "$SHORT" ]] && sizes=(--layers=1,2 --input_len=256)
 banner "memory vs depth, reversible and not"
-into "$out/depth.json" .venv/bin/terraformer-memory-bench \
+into "$out/memory_bench.json" .venv/bin/terraformer-memory-bench \
   --config_file=gin/tiny/terraformer.gin "${sizes[@]}" --target_len=256 --json
-.venv/bin/python scripts/experiment_tables.py depth \
-  --out="$out/depth_table.json" "$out/depth.json"
-record --table depth="$out/depth_table.json"
+tabulate depth depth "$out/memory_bench.json"
+record
 banner done "outputs in $out"

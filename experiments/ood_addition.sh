@@ -18,7 +18,7 @@
 NAME=ood_addition
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
-l2=(--seeds=0,1 --config=arithmetic_stream.train_max_digits=2
+l2=(--config=arithmetic_stream.train_max_digits=2
     --config=arithmetic_stream.eval_min_digits=4
     --config=arithmetic_stream.eval_max_digits=5
     --config=terraformer.train.checkpoint_every=1000
@@ -33,21 +33,16 @@ terraformer=add_terraformer_sru_full_sinusoidal
 
 banner "add_transformer and $terraformer, ${steps[0]} steps, seeds 0 and 1"
 .venv/bin/terraformer-ood --output_dir="$out/steps20000" \
-  --cells="add_transformer,$terraformer" "${l2[@]}" \
+  --cells="add_transformer,$terraformer" --seeds=0,1 "${l2[@]}" \
   --config="terraformer.train.steps=${steps[0]}"
 banner "$terraformer resumed to ${steps[1]} steps"
-for seed in 0 1; do
-  branch "$out/steps20000/${terraformer}_seed$seed" \
-    "$out/steps30000/${terraformer}_seed$seed"
-done
-.venv/bin/terraformer-ood --output_dir="$out/steps30000" --cells="$terraformer" \
-  "${l2[@]}" --config="terraformer.train.steps=${steps[1]}"
+resume_ood "$out/steps20000" "$out/steps30000" "$terraformer" 0,1 "${l2[@]}" \
+  --config="terraformer.train.steps=${steps[1]}"
 
 banner "the table"
-.venv/bin/python scripts/experiment_tables.py ood \
-  --out="$out/addition_l2.json" \
-  "--row=Transformer (\`add_transformer\`)=$(run_dirs "$out/steps20000" add_transformer 0,1)" \
-  "--row=Terraformer, full attention, sinusoidal (\`$terraformer\`)=$(run_dirs "$out/steps20000" "$terraformer" 0,1)" \
-  "--row=the same Terraformer, trained on=$(run_dirs "$out/steps30000" "$terraformer" 0,1)"
-record --table addition_l2="$out/addition_l2.json"
+tabulate ood addition_l2 \
+  "Transformer (\`add_transformer\`)=$(run_dirs "$out/steps20000" add_transformer 0,1)" \
+  "Terraformer, full attention, sinusoidal (\`$terraformer\`)=$(run_dirs "$out/steps20000" "$terraformer" 0,1)" \
+  "the same Terraformer, trained on=$(run_dirs "$out/steps30000" "$terraformer" 0,1)"
+record
 banner done "outputs in $out"

@@ -49,13 +49,12 @@ for row in "${rows[@]}"; do
   read -r -a extra <<< "$bindings"
   .venv/bin/terraformer-ood --output_dir="$out/$dir" --cells="$cell" \
     --seeds="$seeds" ${extra[@]+"${extra[@]}"} ${short[@]+"${short[@]}"}
-  table+=("--row=$label=$(run_dirs "$out/$dir" "$cell" "$seeds")")
+  table+=("$label=$(run_dirs "$out/$dir" "$cell" "$seeds")")
 done
 
 banner "the table"
-.venv/bin/python scripts/experiment_tables.py ood --out="$out/copy.json" \
-  "${table[@]}"
-record --table copy="$out/copy.json"
+tabulate ood copy "${table[@]}"
+record
 
 if [[ -z "$SHORT" ]]; then
   banner "LSH decoding vs evaluation, copy_terraformer_sru_sinusoidal"

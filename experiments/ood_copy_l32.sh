@@ -14,7 +14,7 @@
 NAME=ood_copy_l32
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
-l32=(--seeds=0 --config=arithmetic_stream.train_max_digits=32
+l32=(--config=arithmetic_stream.train_max_digits=32
      --config=arithmetic_stream.eval_min_digits=64
      --config=arithmetic_stream.eval_max_digits=75)
 steps=(3000 6000)
@@ -26,17 +26,16 @@ terraformer=copy_terraformer_sru_full_sinusoidal
 
 banner "copy_transformer and $terraformer, ${steps[0]} steps"
 .venv/bin/terraformer-ood --output_dir="$out/steps3000" \
-  --cells="copy_transformer,$terraformer" "${l32[@]}" \
+  --cells="copy_transformer,$terraformer" --seeds=0 "${l32[@]}" \
   --config="terraformer.train.steps=${steps[0]}"
 banner "$terraformer resumed to ${steps[1]} steps"
-branch "$out/steps3000/${terraformer}_seed0" "$out/steps6000/${terraformer}_seed0"
-.venv/bin/terraformer-ood --output_dir="$out/steps6000" --cells="$terraformer" \
-  "${l32[@]}" --config="terraformer.train.steps=${steps[1]}"
+resume_ood "$out/steps3000" "$out/steps6000" "$terraformer" 0 "${l32[@]}" \
+  --config="terraformer.train.steps=${steps[1]}"
 
 banner "the table"
-.venv/bin/python scripts/experiment_tables.py ood --out="$out/copy_l32.json" \
-  "--row=Transformer (\`copy_transformer\`)=$out/steps3000/copy_transformer_seed0" \
-  "--row=Terraformer, full attention, sinusoidal (\`$terraformer\`)=$out/steps3000/${terraformer}_seed0" \
-  "--row=the same, trained on=$out/steps6000/${terraformer}_seed0"
-record --table copy_l32="$out/copy_l32.json"
+tabulate ood copy_l32 \
+  "Transformer (\`copy_transformer\`)=$out/steps3000/copy_transformer_seed0" \
+  "Terraformer, full attention, sinusoidal (\`$terraformer\`)=$out/steps3000/${terraformer}_seed0" \
+  "the same, trained on=$out/steps6000/${terraformer}_seed0"
+record
 banner done "outputs in $out"

@@ -21,7 +21,6 @@
 #   (OUT: runs/experiments/sparse_vs_dense_lm)
 NAME=sparse_vs_dense_lm
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
-source "$(dirname "${BASH_SOURCE[0]}")/tables.sh"
 
 steps=5000 every=250
 queue0=(lm_dense:0 lm_sparse:0 lm_sparse_ff_qkv:0 lm_sparse_qkv:0)
@@ -69,5 +68,5 @@ if [[ -z "$SHORT" ]]; then
     --figure=sparse_qkv_minus_dense_5000="Sparse QKV, seed 0:5000 - $dense")
 fi
 tabulate markdown steps "$out/steps/table.md" "${figures[@]}"
-record_tables
+record
 banner done "outputs in $out"

@@ -20,7 +20,6 @@
 #   (OUT: runs/experiments/sparse_vs_dense_terraformer)
 NAME=sparse_vs_dense_terraformer
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
-source "$(dirname "${BASH_SOURCE[0]}")/tables.sh"
 
 steps=5000 every=250
 table_steps=250,500,750,1000,1500,2000,2500,3000,3500,4000,4500,5000
@@ -49,5 +48,5 @@ if [[ -z "$SHORT" ]]; then
            --figure=sparse_minus_dense_4000="$sparse - $dense")
 fi
 tabulate markdown steps "$out/export/table.md" "${figures[@]}"
-record_tables
+record
 banner done "outputs in $out"

@@ -1,73 +1,267 @@
 #!/usr/bin/env python3
-"""A results table from what a committed CLI wrote (stdlib only).
+"""The JSON a committed CLI wrote, as the results table of an experiment.
 
-`scripts/results.py record NAME --table ID=PATH` takes `{"columns", "rows"}`;
-the CLIs below write richer JSON. Each subcommand reads one CLI's output and
-writes such a table (and prints it), its cells formatted as the docs show
-them:
+The experiments (experiments/*.sh) run committed CLIs; most of these write
+JSON of their own shape (terraformer-bench's `{"models": [...]}`,
+terraformer-ood's run folders, terraformer-eval's summary, ...) or a Markdown
+table (terraformer-export's table.md). This turns one such output into
+`{"columns": [...], "rows": [[...]]}`, the cells formatted as the docs show
+them: the table `scripts/results.py record NAME --table ID=T.json` takes.
 
-  experiment_tables.py ood --out=T.json --row='LABEL=RUN_DIR[,RUN_DIR...]' ...
-      terraformer-ood runs (RUN_DIR/ood_result.json; several dirs: the seeds
-      of one row): model, seeds, steps, in distribution, OOD (per token, per
-      sequence in parentheses; one value per seed), train s
-  experiment_tables.py lengths --out=T.json [--label=MODEL=TEXT ...] JSON ...
-      terraformer-memory-bench --input_lens=... --json (several merged):
-      compiled gradient-step MiB per model and input length, then the step
-      ms of the models that were timed
-  experiment_tables.py depth --out=T.json JSON
-      terraformer-memory-bench --layers=... --json: MiB reversible vs not
-  experiment_tables.py params --out=T.json --row='LABEL=JSON' ...
-      terraformer-info --json: the total parameters of each config
-  experiment_tables.py topk --out=T.json --k=128 JSON
-      terraformer-topk-bench --json: ms and nCCS of each operator per n
-  experiment_tables.py recall --out=T.json --row='LABEL=JSON' ...
-      scripts/long_input_eval.py's line: step, exact match, token accuracy
-      (and, with --kept_by_pooling, what the first pooling keeps)
+  experiment_tables.py MODE --out=T.json INPUT... [--label=NAME=TEXT ...]
+      [--paper=NAME=TEXT ...] [--columns=A,B,...] [--figure=ID=SPEC ...]
+      [--figures=F.txt] [--k=K]
 
-A mistake (a missing file, a run without its result) is one line on stderr
-and exit status 2.
+writes T.json, prints it as a Markdown table, and writes the cells that
+--figure names to F.txt as ID=VALUE lines (for `record --figure`).
+experiments/lib.sh's `tabulate MODE ID INPUT...` is how an experiment calls
+it (T.json = OUT/ID.json), and its `record` passes every table and figure on.
+
+MODE, its INPUT and what it reads: `experiment_tables.py --help` (MODES
+below). An INPUT `LABEL=PATH` names a row; it splits at its last `=`, so a
+label may hold one (`sparse_ff.gin (N=64)`). --label renames a row (a model's
+name in the JSON -> the docs' label; for `lengths`, a model's column);
+--paper adds a "paper" column (the paper's figure beside a row, by the
+model's name); --columns keeps these columns in this order; --figure SPEC is
+a cell ROW:COLUMN (ROW by its first cell), the mean of several rows' cells
+ROW1|ROW2:COLUMN, or a difference of two such, `A:COLUMN - B:COLUMN`.
+
+It lives in scripts/, beside scripts/results.py, whose JSON reading, Markdown
+tables and one-line errors it uses: the two are the stdlib-only path from a
+CLI's output to the committed results files. A mistake (a missing file, a run
+without its result, JSON of another shape) is one line on stderr and exit
+status 2.
 """
 import argparse
+import collections
 import json
 import os
+import re
 import sys
 
+import results  # scripts/results.py (this folder is on sys.path).
+
 PROG = 'experiment_tables.py'
-EXIT_USAGE = 2
+EXIT_USAGE = results.EXIT_USAGE
+GIB = 2.0 ** 30
 MIB = 2 ** 20
 MISSING = '–'
 OOD_RESULT = 'ood_result.json'  # terraformer.evaluation.ood.RESULT_FILE
 TOPK_LABELS = {'sh': 'SH', 'sh_unsorted': 'unsorted', 'sh_plain': 'plain',
                'goyal': 'Goyal', 'hard': 'hard top-k'}
 
-
-class TableError(Exception):
-  """A user's mistake: printed as one line, exit status 2."""
-
-
-def _load(path):
-  try:
-    with open(path, encoding='utf-8') as f:
-      return json.load(f)
-  except json.JSONDecodeError as e:
-    raise TableError(f'{path}: not JSON ({e})') from None
-  except OSError as e:
-    raise TableError(f'{path}: {e.strerror}') from None
+TableError = results.ResultsError  # A user's mistake: one line, exit 2.
+# results.py's own reading, KEY=VALUE options and argparse of one-line errors.
+load_json = results._load_json  # pylint: disable=protected-access
+key_values = results._pairs  # pylint: disable=protected-access
+OneLineParser = results._Parser  # pylint: disable=protected-access
 
 
-def _pairs(values, what):
-  """[(key, value)] of KEY=VALUE arguments, in order."""
-  pairs = []
-  for value in values or []:
-    key, sep, rest = value.partition('=')
-    if not sep or not key or not rest:
-      raise TableError(f'--{what} needs KEY=VALUE, got {value!r}')
-    pairs.append((key, rest))
-  return pairs
+def _f(value, fmt):
+  return MISSING if value is None else format(value, fmt)
+
+
+def _ratio(a, b, fmt='.2f'):
+  return None if not a or not b else format(a / b, fmt) + 'x'
 
 
 def _joined(values):
   return ' / '.join(values)
+
+
+# ---------------------------------------------------------------------------
+# terraformer-bench --json
+
+
+SPEED_COLUMNS = ['model', 'ms/token [min-max]', 'ms/block', 'MB/token',
+                 'MB/block', 'bound ms', 'x bound', 'speedup', 'per block']
+
+
+def speed(data, opts):
+  """terraformer-bench's default table (one row per model); with
+  --compare_trax also Trax's ms/token and ours vs Trax. Besides the default
+  columns, `ms/token` (the median alone) can be chosen with --columns."""
+  models = data['models']
+  trax = any('trax' in m for m in models)
+  columns = SPEED_COLUMNS + (['Trax ms/token', 'ours vs Trax'] if trax else [])
+  rows = []
+  for m in models:
+    block = m.get('bytes_per_block')
+    per_block = m.get('speedup_per_block')
+    rows.append({
+        'model': opts.label(m['name']),
+        'ms/token': f"{m['ms_per_token']:.1f}",
+        'ms/token [min-max]': f"{m['ms_per_token']:.1f} [{m['ms_per_token_min']:.1f}-"
+                              f"{m['ms_per_token_max']:.1f}]",
+        'ms/block': _f(m.get('ms_per_block'), '.2f'),
+        'MB/token': f"{m['bytes_per_token'] / 1e6:.1f}",
+        'MB/block': _f(None if block is None else block / 1e6, '.2f'),
+        'bound ms': _f(m.get('bound_ms_per_token'), '.1f'),
+        'x bound': _f(m.get('achieved_over_bound'), '.2f'),
+        'speedup': f"{m['speedup']:.2f}x",
+        'per block': _f(per_block, '.2f') + ('x' if per_block else ''),
+        'Trax ms/token': _f(m['trax']['ms_per_token'], '.1f')
+                         if 'trax' in m else MISSING,
+        'ours vs Trax': _ratio(m['trax']['ms_per_token'], m['ms_per_token'])
+                        if 'trax' in m else MISSING})
+  return columns, rows
+
+
+def projection(data, opts):
+  """terraformer-bench --project_layers: measured, projected, paper."""
+  models = data['models']
+  first = models[0]
+  columns = ['model', 'measured ms/token (1 block)', 'ms/block',
+             'ms no blocks', 'projected ms/token', 'projected MB/token',
+             'x bound', 'speedup (time)', 'speedup (bytes)', 'paper s/token',
+             'paper speedup']
+  rows = []
+  for m in models:
+    bound = m.get('projected_bound_ms_per_token')
+    rows.append([
+        opts.label(m['name']), f"{m['ms_per_token']:.1f}",
+        f"{m['ms_per_block']:.2f}", f"{m['ms_no_blocks']:.1f}",
+        f"{m['projected_ms_per_token']:.1f}",
+        f"{m['projected_bytes_per_token'] / 1e6:.0f}",
+        _f(None if not bound else m['projected_ms_per_token'] / bound, '.2f'),
+        f"{m['projected_speedup']:.2f}x",
+        _ratio(first['projected_bytes_per_token'],
+               m['projected_bytes_per_token']),
+        _f(m.get('paper_seconds'), '.3f'),
+        _ratio(first.get('paper_seconds'), m.get('paper_seconds')) or MISSING])
+  return columns, rows
+
+
+def user_path(data, opts):
+  """terraformer-bench --trax_user_path: whole calls, ours and Trax's."""
+  columns = ['model', 'ours ms/token', 'Trax ms/token', 'Trax / ours',
+             'ours 1st call s', 'Trax 1st call s', 'same tokens']
+  rows = [[opts.label(m['name']), f"{m['ours_ms_per_token']:.1f}",
+           f"{m['trax_ms_per_token']:.1f}", f"{m['trax_over_ours']:.1f}x",
+           f"{m['ours_first_call_s']:.1f}", f"{m['trax_first_call_s']:.1f}",
+           'yes' if m['same_tokens'] else 'NO'] for m in data['models']]
+  return columns, rows
+
+
+def agreement(data, opts):
+  """terraformer-bench --agreement: logits and argmax vs the first path."""
+  columns = ['decode path', 'max |delta logit| vs the first',
+             f'greedy agreement ({data[0]["tokens"]} tokens)']
+  rows = [[opts.label(r['name']), f"{r['max_abs_logit_delta']:.3g}",
+           f"{r['greedy_agreement']:.3f}"] for r in data]
+  return columns, rows
+
+
+def xla_ops(data, opts):
+  """terraformer-bench --xla_ops: operations per decoder block by kind."""
+  columns = ['model', 'XLA ops/block', 'of which']
+  rows = [[opts.label(r['name']), f"{r['ops_per_block']:g}",
+           ', '.join(f'{k} {v:g}' for k, v in sorted(
+               r['ops_per_block_by_kind'].items(), key=lambda kv: -kv[1]))]
+          for r in data]
+  return columns, rows
+
+
+def sweep(data, opts):
+  """terraformer-bench --sweep: ms/token of each model per d_model, and the
+  speedup of the others over the first."""
+  names = data['names']
+  columns = ['d_model'] + [f'{opts.label(n)} ms/token' for n in names]
+  for n in names[1:]:
+    prefix = '' if len(names) == 2 else f'{opts.label(n)} '
+    columns += [f'{prefix}speedup', f'{prefix}per block']
+  rows = []
+  for row in data['rows']:
+    cells = [str(row['d_model'])] + [
+        f"{row['models'][n]['ms_per_token']:.2f}" for n in names]
+    for n in names[1:]:
+      r = row['models'][n]
+      cells += [f"{r['speedup']:.2f}x",
+                _f(r.get('speedup_per_block'), '.2f') + (
+                    'x' if r.get('speedup_per_block') else '')]
+    rows.append(cells)
+  return columns, rows
+
+
+# ---------------------------------------------------------------------------
+# terraformer-export, terraformer-eval
+
+
+def markdown(text, opts):
+  """A Markdown table: header, separator, rows."""
+  lines = [l.strip() for l in text.splitlines() if l.strip().startswith('|')]
+  if len(lines) < 2:
+    raise TableError('no Markdown table')
+  split = lambda l: [c.strip() for c in l.strip('|').split('|')]
+  rows = [split(l) for l in lines[2:]]
+  for row in rows:
+    row[0] = opts.label(row[0])
+  return split(lines[0]), rows
+
+
+ROUGE = (('rouge1', 'ROUGE-1'), ('rouge2', 'ROUGE-2'), ('rougeL', 'ROUGE-L'))
+
+
+def rouge(data, opts):
+  """terraformer-eval's summary: the model beside its extractive yardsticks
+  (lead-3, lead-k matched to the abstract's length, 3 random sentences)."""
+  pct = lambda scores: [f'{100 * scores[k]:.2f}' for k, _ in ROUGE]
+  base = data.get('baselines') or {}
+  k, seed = data.get('baseline_k'), data.get('baseline_seed')
+  rows = [[opts.label('model')] + pct(data)]
+  for key, name in ((f'lead_{k}', f'lead-{k}'),
+                    ('lead_matched', 'lead-k matched (mean k {:.1f})'),
+                    (f'random_{k}', f'random {k} (seed {seed})')):
+    if key in base:
+      rows.append([opts.label(name.format(base[key].get('sentences', 0)))] +
+                  pct(base[key]))
+  return ['F1 (%)'] + [name for _, name in ROUGE], rows
+
+
+# ---------------------------------------------------------------------------
+# terraformer-info
+
+
+def parameters(total):
+  """775.4M, 16.88B, 52,224: as the docs write parameter counts."""
+  if total >= 1e9:
+    return f'{total / 1e9:.2f}B'
+  if total >= 1e6:
+    return f'{total / 1e6:.1f}M'
+  return f'{total:,}'
+
+
+def params(pairs, opts):
+  """terraformer-info --json of each config: its total parameters."""
+  return ['config', 'parameters'], [
+      [opts.label(name), parameters(data['total'])] for name, data in pairs]
+
+
+def plan(pairs, opts):
+  """terraformer-info --devices=N --json: the planned GiB per device."""
+  columns = ['config', 'devices', 'weights', 'Adam slots',
+             'activations (est.)', 'total']
+  rows = []
+  for name, data in pairs:
+    p = data['per_device']
+    rows.append([opts.label(name), str(p['devices'])] + [
+        f'{p[k] / GIB:.3f}' for k in (
+            'weights_bytes_per_device', 'slots_bytes_per_device',
+            'activation_bytes_per_device', 'total_bytes_per_device')])
+  return columns, rows
+
+
+def compiled(pairs, opts):
+  """terraformer-info --devices=N --compiled --json: XLA's GiB per device."""
+  columns = ['config', 'devices', 'arguments (weights + slots + batch)',
+             'temporaries', 'peak']
+  rows = []
+  for name, data in pairs:
+    c = data['compiled_per_device']
+    rows.append([opts.label(name), str(data['per_device']['devices'])] + [
+        f'{c[k] / GIB:.3f} GiB' for k in ('arguments', 'temporaries',
+                                           'peak')])
+  return columns, rows
 
 
 # ---------------------------------------------------------------------------
@@ -78,10 +272,10 @@ def _pct(value):
   return f'{100 * value:.1f}%'
 
 
-def _split_cell(results, split):
+def _split_cell(runs, split):
   """'a% / b% (c% / d%)': per-token accuracy of each seed, per-sequence in
   parentheses; MISSING where a run did not score the split."""
-  scores = [r['scores'].get(split) for r in results]
+  scores = [r['scores'].get(split) for r in runs]
   if any(s is None for s in scores):
     return MISSING
   return (_joined(_pct(s['token_accuracy']) for s in scores) + ' (' +
@@ -93,69 +287,57 @@ def _digits(settings, key):
   return f'{low}-{high} digits'
 
 
-def ood_table(rows):
-  """rows: [(label, [run dir, ...])] -> {"columns", "rows"}."""
-  if not rows:
-    raise TableError('ood: give at least one --row')
+def ood(rows, opts):
+  """terraformer-ood runs, a row per LABEL (several runs: its seeds):
+  seeds, steps, in distribution and OOD accuracy, train seconds."""
   table, lengths = [], None
-  for label, dirs in rows:
-    results = []
-    for run_dir in dirs:
-      path = os.path.join(run_dir, OOD_RESULT)
-      if not os.path.isfile(path):
-        raise TableError(f'{path}: no result (the run has not finished)')
-      results.append(_load(path))
-    settings = [r['settings'] for r in results]
-    these = [(_digits(s, 'train_digits'), _digits(s, 'eval_digits'))
-             for s in settings]
-    for pair in these:
+  for label, runs in rows:
+    settings = [r['settings'] for r in runs]
+    for pair in ((_digits(s, 'train_digits'), _digits(s, 'eval_digits'))
+                 for s in settings):
       if lengths is None:
         lengths = pair
       elif pair != lengths:
         raise TableError(
-            f'ood: row {label!r} trains or evaluates on {pair}, the table on '
+            f'row {label!r} trains or evaluates on {pair}, the table on '
             f'{lengths}: one table per length')
     table.append([
-        label,
+        opts.label(label),
         _joined(str(s.get('seed', '')) for s in settings),
-        _joined(dict.fromkeys(str(r['steps']) for r in results)),
-        _split_cell(results, 'validation'),
-        _split_cell(results, 'ood'),
-        _joined(f'{r["train_seconds"]:.0f}' for r in results)])
+        _joined(dict.fromkeys(str(r['steps']) for r in runs)),
+        _split_cell(runs, 'validation'),
+        _split_cell(runs, 'ood'),
+        _joined(f'{r["train_seconds"]:.0f}' for r in runs)])
   columns = ['model (cell)', 'seeds', 'steps',
              f'in distribution ({lengths[0]})', f'OOD ({lengths[1]})',
              'train s']
-  return {'columns': columns, 'rows': table}
+  return columns, table
 
 
 # ---------------------------------------------------------------------------
-# terraformer-memory-bench
+# terraformer-memory-bench, terraformer-topk-bench
 
 
-def lengths_table(reports, labels=None):
-  """Merged `--input_lens` reports -> input tokens x (MiB, then ms)."""
-  labels = dict(labels or {})
+def lengths(reports, opts):
+  """Merged `--input_lens` reports -> input tokens x (MiB, then the step ms
+  of the models that were timed)."""
   models = {}
   for where, report in reports:
-    if not isinstance(report, dict) or not isinstance(
-        report.get('models'), dict):
-      raise TableError(f'{where}: not the JSON of terraformer-memory-bench '
-                       '--input_lens=... --json')
     for name, rows in report['models'].items():
       if name in models:
         raise TableError(f'{where}: model {name!r} measured twice')
       models[name] = {row['input_len']: row for row in rows}
   if not models:
-    raise TableError('lengths: no models')
-  unknown = set(labels) - set(models)
+    raise TableError('no models')
+  unknown = set(opts.labels) - set(models)
   if unknown:
     raise TableError(f'--label for unmeasured model(s): '
                      f'{", ".join(sorted(unknown))}')
   lens = sorted({n for rows in models.values() for n in rows})
   timed = [m for m, rows in models.items()
            if any(r.get('step_ms') is not None for r in rows.values())]
-  columns = (['input tokens'] + [labels.get(m, m) for m in models] +
-             [f'{labels.get(m, m)} ms' for m in timed])
+  columns = (['input tokens'] + [opts.label(m) for m in models] +
+             [f'{opts.label(m)} ms' for m in timed])
   table = []
   for n in lens:
     row = [str(n)]
@@ -168,14 +350,11 @@ def lengths_table(reports, labels=None):
       ms = None if r is None else r.get('step_ms')
       row.append(MISSING if ms is None else f'{ms:.0f}')
     table.append(row)
-  return {'columns': columns, 'rows': table}
+  return columns, table
 
 
-def depth_table(report, where='depth'):
+def depth(report, opts):
   """`--layers` report -> layers x reversible / not reversible MiB."""
-  if not isinstance(report, dict) or not isinstance(report.get('rows'), list):
-    raise TableError(f'{where}: not the JSON of terraformer-memory-bench '
-                     '--layers=... --json')
   table = []
   for row in report['rows']:
     rev, plain = row['reversible'], row['non_reversible']
@@ -183,53 +362,27 @@ def depth_table(report, where='depth'):
                   f'{rev["total"] / MIB:.1f}', f'{rev["temp"] / MIB:.1f}',
                   f'{plain["total"] / MIB:.1f}', f'{plain["temp"] / MIB:.1f}',
                   f'{plain["total"] / rev["total"]:.2f}'])
-  return {'columns': ['layers', 'reversible', '(temporaries)',
-                      'not reversible', '(temporaries)', 'ratio'],
-          'rows': table}
-
-
-# ---------------------------------------------------------------------------
-# terraformer-info, terraformer-topk-bench
-
-
-def parameters(total):
-  """775.4M, 16.88B, 52,224: as the docs write parameter counts."""
-  if total >= 1e9:
-    return f'{total / 1e9:.2f}B'
-  if total >= 1e6:
-    return f'{total / 1e6:.1f}M'
-  return f'{total:,}'
-
-
-def params_table(rows):
-  """rows: [(label, terraformer-info --json path)] -> config x parameters."""
-  if not rows:
-    raise TableError('params: give at least one --row')
-  table = []
-  for label, path in rows:
-    report = _load(path)
-    if not isinstance(report, dict) or 'total' not in report:
-      raise TableError(f'{path}: not the JSON of terraformer-info --json')
-    table.append([label, parameters(report['total'])])
-  return {'columns': ['config', 'parameters'], 'rows': table}
+  return ['layers', 'reversible', '(temporaries)', 'not reversible',
+          '(temporaries)', 'ratio'], table
 
 
 def _ms(value):
   return f'{value:.2f}' if value < 10 else f'{value:.1f}'
 
 
-def topk_table(report, k, where='topk'):
-  """terraformer-topk-bench's rows at one k -> n x (ms, nCCS) per method."""
-  if not isinstance(report, dict) or not isinstance(report.get('rows'), list):
-    raise TableError(f'{where}: not the JSON of terraformer-topk-bench')
+def topk(report, opts):
+  """terraformer-topk-bench's rows at one k (--k) -> n x (ms, nCCS) per
+  method."""
+  if opts.k is None:
+    raise TableError('topk needs --k')
   methods = list(report.get('methods') or [])
-  rows = [r for r in report['rows'] if r.get('k') == k]
+  rows = [r for r in report['rows'] if r.get('k') == opts.k]
   if not rows:
-    raise TableError(f'{where}: no rows with k = {k}')
+    raise TableError(f'no rows with k = {opts.k}')
   similar = [m for m in methods if m != 'hard']  # Exact: nCCS 1 by definition.
-  label = lambda m: TOPK_LABELS.get(m, m)
-  columns = (['n'] + [f'{label(m)} ms' for m in methods] +
-             [f'{label(m)} nCCS' for m in similar])
+  name = lambda m: opts.label(TOPK_LABELS.get(m, m))
+  columns = (['n'] + [f'{name(m)} ms' for m in methods] +
+             [f'{name(m)} nCCS' for m in similar])
   table = []
   for r in rows:
     cells = [str(r['n'])]
@@ -238,111 +391,254 @@ def topk_table(report, k, where='topk'):
     cells += [MISSING if r.get(m) is None else f'{r[m]["nccs"]:.3f}'
               for m in similar]
     table.append(cells)
-  return {'columns': columns, 'rows': table}
+  return columns, table
 
 
 # ---------------------------------------------------------------------------
 # scripts/long_input_eval.py
 
-RECALL_COLUMNS = (('step', 'step', str),
-                  ('exact_match', 'exact match', '{:.3f}'.format),
-                  ('token_accuracy', 'token accuracy', '{:.3f}'.format),
-                  ('first_pooling_keeps_facts', 'fact tokens kept',
-                   '{:.3f}'.format),
-                  ('first_pooling_keeps_queries', 'query tokens kept',
-                   '{:.3f}'.format),
-                  ('first_pooling_keeps_all', 'examples keeping all',
-                   '{:.3f}'.format))
+RECALL_SCORES = (('step', 'step', str),
+                 ('exact_match', 'exact match', '{:.3f}'.format),
+                 ('token_accuracy', 'token accuracy', '{:.3f}'.format))
+RECALL_POOLING = (('first_pooling_keeps_facts', 'fact tokens kept'),
+                  ('first_pooling_keeps_queries', 'query tokens kept'),
+                  ('first_pooling_keeps_all', 'examples keeping all'))
 
 
-def recall_table(rows):
-  """rows: [(label, long_input_eval.py JSON path)] -> run x scores."""
-  if not rows:
-    raise TableError('recall: give at least one --row')
-  results = []
-  for label, path in rows:
-    result = _load(path)
-    if not isinstance(result, dict) or 'exact_match' not in result:
-      raise TableError(f'{path}: not the line of scripts/long_input_eval.py')
-    results.append((label, result))
-  keys = [(k, name, fmt) for k, name, fmt in RECALL_COLUMNS
-          if any(k in r for _, r in results)]
-  return {'columns': ['run'] + [name for _, name, _ in keys],
-          'rows': [[label] + [MISSING if k not in r else fmt(r[k])
-                              for k, _, fmt in keys]
-                   for label, r in results]}
+def recall(pairs, opts):
+  """scripts/long_input_eval.py's line of each run: step, exact match, token
+  accuracy, and what the first pooling keeps where it was measured
+  (--kept_by_pooling)."""
+  pooling = [(k, name) for k, name in RECALL_POOLING
+             if any(k in line for _, line in pairs)]
+  columns = ['run'] + [name for _, name, _ in RECALL_SCORES] + [
+      name for _, name in pooling]
+  return columns, [
+      [opts.label(label)] + [fmt(line[k]) for k, _, fmt in RECALL_SCORES] +
+      [_f(line.get(k), '.3f') for k, _ in pooling] for label, line in pairs]
 
 
 # ---------------------------------------------------------------------------
+# Inputs.
 
 
-def markdown(table):
-  lines = ['| ' + ' | '.join(table['columns']) + ' |',
-           '| ' + ' | '.join('---' for _ in table['columns']) + ' |']
-  lines += ['| ' + ' | '.join(row) + ' |' for row in table['rows']]
-  return '\n'.join(lines)
+def _split_label(item):
+  """LABEL=VALUE at the last `=` (a label may hold one, a path rarely)."""
+  label, sep, value = item.rpartition('=')
+  if not sep or not label or not value:
+    raise TableError(f'expected LABEL=PATH, got {item!r}')
+  return label, value
+
+
+def _text(path):
+  try:
+    with open(path, encoding='utf-8') as f:
+      return f.read()
+  except OSError as e:
+    raise TableError(f'{path}: {e.strerror}') from None
+
+
+def _one(inputs):
+  if len(inputs) != 1:
+    raise TableError(f'takes one input, got {len(inputs)}')
+  return inputs[0]
+
+
+def _runs(value):
+  """The ood_result.json of each RUN_DIR of `RUN_DIR[,RUN_DIR...]`."""
+  runs = []
+  for run_dir in value.split(','):
+    path = os.path.join(run_dir, OOD_RESULT)
+    if not os.path.isfile(path):
+      raise TableError(f'{path}: no result (the run has not finished)')
+    runs.append(load_json(path))
+  return runs
+
+
+READERS = {
+    'json': lambda inputs: load_json(_one(inputs)),
+    'text': lambda inputs: _text(_one(inputs)),
+    'jsons': lambda inputs: [(path, load_json(path)) for path in inputs],
+    'labelled': lambda inputs: [(label, load_json(path))
+                                for label, path in map(_split_label, inputs)],
+    'runs': lambda inputs: [(label, _runs(dirs))
+                            for label, dirs in map(_split_label, inputs)],
+}
+
+Mode = collections.namedtuple('Mode', 'table inputs reads')
+MODES = {
+    'speed': Mode(speed, 'json', 'terraformer-bench --json (with '
+                  '--compare_trax: also Trax ms/token, ours vs Trax)'),
+    'projection': Mode(projection, 'json',
+                       'terraformer-bench --project_layers=L --json'),
+    'user_path': Mode(user_path, 'json',
+                      'terraformer-bench --trax_user_path --json'),
+    'agreement': Mode(agreement, 'json',
+                      'terraformer-bench --agreement --json'),
+    'xla_ops': Mode(xla_ops, 'json', 'terraformer-bench --xla_ops --json'),
+    'sweep': Mode(sweep, 'json', 'terraformer-bench --sweep --json'),
+    'markdown': Mode(markdown, 'text',
+                     "a Markdown table (terraformer-export's table.md)"),
+    'rouge': Mode(rouge, 'json',
+                  "terraformer-eval's eval_<split>_step<N>.json"),
+    'params': Mode(params, 'labelled', 'LABEL=PATH of terraformer-info --json'),
+    'plan': Mode(plan, 'labelled',
+                 'LABEL=PATH of terraformer-info --devices=N --json'),
+    'compiled': Mode(compiled, 'labelled', 'LABEL=PATH of terraformer-info '
+                     '--devices=N --compiled --json'),
+    'ood': Mode(ood, 'runs', 'LABEL=RUN_DIR[,RUN_DIR...] of terraformer-ood '
+                '(RUN_DIR/ood_result.json; several: the seeds of one row)'),
+    'lengths': Mode(lengths, 'jsons', 'terraformer-memory-bench '
+                    '--input_lens=... --json (several: merged)'),
+    'depth': Mode(depth, 'json',
+                  'terraformer-memory-bench --layers=... --json'),
+    'topk': Mode(topk, 'json', 'terraformer-topk-bench --json (with --k)'),
+    'recall': Mode(recall, 'labelled',
+                   "LABEL=PATH of scripts/long_input_eval.py's line"),
+}
+
+
+# ---------------------------------------------------------------------------
+# Columns, papers, figures.
+
+
+class Options:
+  """What a table function may use besides its input: --label, --k."""
+
+  def __init__(self, labels, k=None):
+    self.labels, self.k = labels, k
+
+  def label(self, name):
+    return self.labels.get(name, name)
+
+
+def _select(columns, rows, chosen):
+  """The rows (lists in `columns` order, or dicts by column name) as lists
+  of the `chosen` columns."""
+  table = []
+  for row in rows:
+    if not isinstance(row, dict):
+      if chosen == columns:
+        table.append(list(row))
+        continue
+      row = {c: row[i] for i, c in reversed(list(enumerate(columns)))}
+    missing = [c for c in chosen if c not in row]
+    if missing:
+      raise TableError(f'no column(s) {", ".join(missing)} (columns: '
+                       f'{", ".join(row)})')
+    table.append([row[c] for c in chosen])
+  return table
+
+
+def _cell(columns, rows, spec):
+  """The cell ROW:COLUMN (row by its first cell, column by its name); with
+  ROW1|ROW2|... the mean of their numbers (the cells' decimals kept)."""
+  row_names, sep, column = spec.rpartition(':')
+  if not sep or column not in columns:
+    raise TableError(f'--figure {spec!r}: no column {column!r} '
+                     f'(columns: {", ".join(columns)})')
+  by_name = {row[0]: row[columns.index(column)] for row in rows}
+  cells = []
+  for name in row_names.split('|'):
+    if name not in by_name:
+      raise TableError(f'--figure {spec!r}: no row {name!r}')
+    cells.append(by_name[name])
+  if len(cells) == 1:
+    return cells[0]
+  return _number(cells, sum(_float(c, spec) for c in cells) / len(cells))
+
+
+def _float(cell, spec):
+  try:
+    return float(re.match(r'[-+]?[\d.]+', cell).group())
+  except (AttributeError, ValueError):
+    raise TableError(f'--figure {spec!r}: {cell!r} is not a number') from None
+
+
+def _number(cells, value, sign=''):
+  decimals = max(len(c.partition('.')[2].rstrip('x%')) for c in cells)
+  return f'{value:{sign}.{decimals}f}'
+
+
+def figure(columns, rows, spec):
+  """A cell (see _cell), or `CELL - CELL`: their difference, signed."""
+  if ' - ' not in spec:
+    return _cell(columns, rows, spec)
+  a, b = (_cell(columns, rows, part) for part in spec.split(' - ', 1))
+  return _number([a, b], _float(a, spec) - _float(b, spec), '+')
+
+
+def build(mode, inputs, labels=None, papers=None, columns=None, k=None):
+  """{"columns", "rows"} of MODE's INPUTs (see the module's docstring)."""
+  labels = labels or {}
+  spec = MODES[mode]
+  data = READERS[spec.inputs](inputs)
+  try:
+    all_columns, rows = spec.table(data, Options(labels, k))
+  except (KeyError, TypeError, IndexError, AttributeError) as e:
+    raise TableError(f'{", ".join(inputs)} is not what {mode} reads '
+                     f'({spec.reads}; {type(e).__name__}: {e})') from None
+  chosen = columns or all_columns
+  rows = _select(all_columns, rows, chosen)
+  if papers:
+    by_label = {labels.get(name, name): v for name, v in papers.items()}
+    chosen = chosen + ['paper']
+    rows = [row + [by_label.get(row[0], MISSING)] for row in rows]
+  return {'columns': list(chosen), 'rows': rows}
 
 
 def _parser():
-  parser = argparse.ArgumentParser(prog=PROG, description=__doc__.split(
-      '\n')[0], formatter_class=argparse.RawDescriptionHelpFormatter)
-  sub = parser.add_subparsers(dest='command', required=True)
-  ood = sub.add_parser('ood', help='terraformer-ood runs')
-  ood.add_argument('--row', action='append',
-                   help="LABEL=RUN_DIR[,RUN_DIR...] (repeat; table order)")
-  lengths = sub.add_parser('lengths', help='terraformer-memory-bench '
-                           '--input_lens')
-  lengths.add_argument('--label', action='append',
-                       help='MODEL=TEXT: the column of MODEL')
-  lengths.add_argument('json', nargs='+')
-  depth = sub.add_parser('depth', help='terraformer-memory-bench --layers')
-  depth.add_argument('json')
-  params = sub.add_parser('params', help='terraformer-info --json')
-  params.add_argument('--row', action='append', help='LABEL=JSON (repeat)')
-  topk = sub.add_parser('topk', help='terraformer-topk-bench --json')
-  topk.add_argument('--k', type=int, required=True)
-  topk.add_argument('json')
-  recall = sub.add_parser('recall', help='scripts/long_input_eval.py')
-  recall.add_argument('--row', action='append', help='LABEL=JSON (repeat)')
-  for p in (ood, lengths, depth, params, topk, recall):
-    p.add_argument('--out', required=True, help='the table (JSON) written')
+  parser = OneLineParser(
+      prog=PROG, description=__doc__.split('\n')[0],
+      formatter_class=argparse.RawDescriptionHelpFormatter,
+      epilog='MODE and its INPUT:\n' + '\n'.join(
+          f'  {name:10s} {mode.reads}' for name, mode in MODES.items()))
+  parser.add_argument('mode', choices=list(MODES), metavar='MODE')
+  parser.add_argument('inputs', nargs='+', metavar='INPUT')
+  parser.add_argument('--out', required=True, help='the table (JSON) written')
+  parser.add_argument('--label', action='append', help='NAME=TEXT (repeat)')
+  parser.add_argument('--paper', action='append', help='NAME=TEXT (repeat)')
+  parser.add_argument('--columns', help='comma-separated: only these '
+                      'columns, in this order (speed: also ms/token, the '
+                      'median alone)')
+  parser.add_argument('--figure', action='append',
+                      help='ID=SPEC (repeat): a cell, a mean or a difference')
+  parser.add_argument('--figures', help='where the figures go, as ID=VALUE '
+                      'lines')
+  parser.add_argument('--k', type=int, help='topk: the k of the rows kept')
   return parser
 
 
-def build(args):
-  if args.command == 'ood':
-    return ood_table([(label, value.split(','))
-                      for label, value in _pairs(args.row, 'row')])
-  if args.command == 'lengths':
-    return lengths_table([(p, _load(p)) for p in args.json],
-                         _pairs(args.label, 'label'))
-  if args.command == 'depth':
-    return depth_table(_load(args.json), args.json)
-  if args.command == 'params':
-    return params_table(_pairs(args.row, 'row'))
-  if args.command == 'recall':
-    return recall_table(_pairs(args.row, 'row'))
-  return topk_table(_load(args.json), args.k, args.json)
+def _write(path, text):
+  tmp = path + '.tmp'
+  with open(tmp, 'w', encoding='utf-8') as f:
+    f.write(text)
+  os.replace(tmp, path)
 
 
 def main(argv=None):
-  args = _parser().parse_args(argv)
+  mode = None
   try:
-    table = build(args)
-    tmp = args.out + '.tmp'
-    with open(tmp, 'w', encoding='utf-8') as f:
-      json.dump(table, f, indent=1, ensure_ascii=False)
-    os.replace(tmp, args.out)
+    args = _parser().parse_args(argv)
+    mode = args.mode
+    table = build(args.mode, args.inputs, key_values(args.label, 'label'),
+                  key_values(args.paper, 'paper'),
+                  args.columns.split(',') if args.columns else None, args.k)
+    figures = {fid: figure(table['columns'], table['rows'], spec)
+               for fid, spec in key_values(args.figure, 'figure').items()}
+    _write(args.out, json.dumps(table, indent=1, ensure_ascii=False))
+    if args.figures:
+      _write(args.figures, ''.join(f'{fid}={value}\n'
+                                   for fid, value in figures.items()))
   except TableError as e:
-    print(f'{PROG}: {e}', file=sys.stderr)
+    print(f'{PROG}: error: {mode + ": " if mode else ""}{e}', file=sys.stderr)
     return EXIT_USAGE
   except OSError as e:
-    print(f'{PROG}: {args.out}: {e.strerror}', file=sys.stderr)
+    print(f'{PROG}: error: {e.filename}: {e.strerror}', file=sys.stderr)
     return EXIT_USAGE
-  except (KeyError, TypeError) as e:  # A JSON of another shape.
-    print(f'{PROG}: unexpected input: {e!r}', file=sys.stderr)
-    return EXIT_USAGE
-  print(markdown(table))
+  print(results.markdown_table(table['columns'], table['rows']))
+  for fid, value in figures.items():
+    print(f'figure {fid}: {value}')
   print(f'(written to {args.out})')
   return 0
 

@@ -1,23 +1,143 @@
-"""scripts/experiment_tables.py: the CLIs' JSON as the docs' tables.
+"""scripts/experiment_tables.py: the CLIs' output as the docs' tables, and
+the figures named from them.
 
-The inputs are written here in the shapes the CLIs write (terraformer-ood's
-ood_result.json, terraformer-memory-bench / -info / -topk-bench --json); the
-expected cells are worked out by hand from those inputs.
+The bench input is a committed `terraformer-bench --json` file; its expected
+cells are those the CLI's own text table printed in the same run (quoted in
+tensorboard_exports/decode_17b_int8/README.md). The other inputs are written
+here in the shapes the CLIs write (terraformer-ood's ood_result.json,
+terraformer-eval's summary, terraformer-memory-bench / -info / -topk-bench
+--json, scripts/long_input_eval.py's line); their expected cells are worked
+out by hand from those inputs.
 """
-import importlib.util
 import json
 import os
+import sys
 
 import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-SCRIPT = os.path.join(ROOT, 'scripts', 'experiment_tables.py')
+sys.path.insert(0, os.path.join(ROOT, 'scripts'))
+import experiment_tables as tables  # pylint: disable=wrong-import-position
 
-_spec = importlib.util.spec_from_file_location('experiment_tables', SCRIPT)
-tables = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(tables)
-
+BENCH_17B = os.path.join(ROOT, 'tensorboard_exports', 'decode_17b_int8',
+                         'bench_s28.json')
 MIB = 2 ** 20
+
+
+def _run(tmp_path, mode, *args):
+  """(exit status, the table written or None, the figures file's lines)."""
+  out, figures = tmp_path / 'table.json', tmp_path / 'figures.txt'
+  code = tables.main([mode, f'--out={out}', f'--figures={figures}',
+                      *map(str, args)])
+  return (code, json.loads(out.read_text()) if out.exists() else None,
+          figures.read_text().splitlines() if figures.exists() else None)
+
+
+def _write(tmp_path, name, data):
+  path = tmp_path / name
+  path.write_text(json.dumps(data))
+  return str(path)
+
+
+def _one_line_error(capsys, says):
+  err = capsys.readouterr().err
+  assert says in err and err.count('\n') == 1, err
+  return err
+
+
+# ---------------------------------------------------------------------------
+# terraformer-bench, -export, -eval, -info
+
+
+def test_speed_table_has_the_clis_cells_and_labels(tmp_path, capsys):
+  code, table, figures = _run(
+      tmp_path, 'speed', BENCH_17B, '--label=17b_dense_kernels_int8=dense',
+      '--columns=model,ms/token [min-max],speedup,per block',
+      '--paper=17b_dense_kernels_int8=1x',
+      '--figure=loss=17b_sparse_ff_qkv_loss_kernels_int8:speedup')
+  assert code == 0
+  assert table['columns'] == ['model', 'ms/token [min-max]', 'speedup',
+                              'per block', 'paper']
+  assert table['rows'][0] == ['dense', '961.9 [780.1-1014.6]', '1.00x',
+                              '1.00x', '1x']
+  assert table['rows'][3] == ['17b_sparse_ff_qkv_kernels_int8',
+                              '103.2 [98.7-105.1]', '9.32x', '14.09x', '–']
+  assert figures == ['loss=10.39x']
+  out = capsys.readouterr().out
+  assert '| dense | 961.9 [780.1-1014.6] | 1.00x | 1.00x | 1x |' in out
+  assert 'figure loss: 10.39x' in out
+
+
+def test_markdown_figures_mean_and_difference(tmp_path):
+  md = tmp_path / 'table.md'
+  md.write_text('| run | 500 | 1000 |\n| --- | --- | --- |\n'
+                '| A, seed 0 | 5.000 | 4.100 |\n| A, seed 1 | 5.200 | 4.200 |\n'
+                '| B, seed 0 | 4.900 | 4.000 |\n')
+  code, table, figures = _run(
+      tmp_path, 'markdown', md, '--figure=a=A, seed 0|A, seed 1:1000',
+      '--figure=d=B, seed 0:1000 - A, seed 0|A, seed 1:1000',
+      '--figure=one=B, seed 0:500')
+  assert code == 0
+  assert table == {'columns': ['run', '500', '1000'],
+                   'rows': [['A, seed 0', '5.000', '4.100'],
+                            ['A, seed 1', '5.200', '4.200'],
+                            ['B, seed 0', '4.900', '4.000']]}
+  assert figures == ['a=4.150', 'd=-0.150', 'one=4.900']
+
+
+def test_rouge_table_puts_the_model_beside_its_yardsticks(tmp_path):
+  summary = {'rouge1': 0.25, 'rouge2': 0.015, 'rougeLsum': 0.2,
+             'rougeL': 0.16, 'baseline_k': 3, 'baseline_seed': 0,
+             'baselines': {
+                 'lead_3': {'rouge1': 0.27, 'rouge2': 0.0671,
+                            'rougeL': 0.15, 'sentences': 3},
+                 'lead_matched': {'rouge1': 0.3187, 'rouge2': 0.08,
+                                  'rougeL': 0.1647, 'sentences': 4.74},
+                 'random_3': {'rouge1': 0.2, 'rouge2': 0.03, 'rougeL': 0.12,
+                              'sentences': 3}}}
+  path = _write(tmp_path, 'eval_test_step200.json', summary)
+  code, table, _ = _run(tmp_path, 'rouge', path)
+  assert code == 0
+  assert table['columns'] == ['F1 (%)', 'ROUGE-1', 'ROUGE-2', 'ROUGE-L']
+  assert table['rows'] == [
+      ['model', '25.00', '1.50', '16.00'],
+      ['lead-3', '27.00', '6.71', '15.00'],
+      ['lead-k matched (mean k 4.7)', '31.87', '8.00', '16.47'],
+      ['random 3 (seed 0)', '20.00', '3.00', '12.00']]
+
+
+def test_plan_rows_in_gib(tmp_path):
+  gib = 2 ** 30
+  info = {'per_device': {
+      'devices': 8, 'weights_bytes_per_device': gib // 2,
+      'slots_bytes_per_device': gib, 'activation_bytes_per_device': gib // 4,
+      'total_bytes_per_device': gib * 7 // 4}}
+  path = _write(tmp_path, 'info.json', info)
+  code, table, _ = _run(tmp_path, 'plan', f'`x.gin`={path}')
+  assert code == 0
+  assert table['rows'] == [['`x.gin`', '8', '0.500', '1.000', '0.250',
+                            '1.750']]
+
+
+@pytest.mark.parametrize('total, text', [
+    (775_400_000, '775.4M'), (16_880_000_000, '16.88B'), (1_124_032, '1.1M'),
+    (52_224, '52,224')])
+def test_parameters_are_written_as_the_docs_write_them(total, text):
+  assert tables.parameters(total) == text
+
+
+def test_params_rows_keep_a_label_that_holds_an_equals_sign(tmp_path):
+  info = _write(tmp_path, 'i.json', {'by_layer': {}, 'total': 684_400_000})
+  code, table, _ = _run(tmp_path, 'params', f'`c4_800m.gin`={info}',
+                        f'`sparse_ff.gin` (N=64)={info}')
+  assert code == 0
+  assert table == {'columns': ['config', 'parameters'],
+                   'rows': [['`c4_800m.gin`', '684.4M'],
+                            ['`sparse_ff.gin` (N=64)', '684.4M']]}
+
+
+# ---------------------------------------------------------------------------
+# terraformer-ood
 
 
 def _ood_run(path, seed, validation, ood, train_seconds, steps=3000,
@@ -31,19 +151,9 @@ def _ood_run(path, seed, validation, ood, train_seconds, steps=3000,
             'eval_seconds': 1.0, 'scores': scores,
             'settings': {'seed': seed, 'train_digits': list(train_digits),
                          'eval_digits': list(eval_digits), 'steps': steps}}
-  with open(os.path.join(path, 'ood_result.json'), 'w') as f:
+  with open(os.path.join(path, tables.OOD_RESULT), 'w') as f:
     json.dump(result, f)
   return str(path)
-
-
-def _write(tmp_path, name, data):
-  path = tmp_path / name
-  path.write_text(json.dumps(data))
-  return str(path)
-
-
-def _run(argv):
-  return tables.main([str(a) for a in argv])
 
 
 def test_ood_row_gives_each_seed_token_then_sequence_accuracy(tmp_path):
@@ -52,10 +162,9 @@ def test_ood_row_gives_each_seed_token_then_sequence_accuracy(tmp_path):
   seed1 = _ood_run(tmp_path / 'a_seed1', 1, (0.996, 0.965), (0.18, 0.0),
                    310.6)
   one = _ood_run(tmp_path / 'b_seed0', 0, (1.0, 1.0), (0.109, 0.0), 1158)
-  out = tmp_path / 'table.json'
-  assert _run(['ood', f'--out={out}', f'--row=A=' + f'{seed0},{seed1}',
-               f'--row=B (`b`)={one}']) == 0
-  table = json.loads(out.read_text())
+  code, table, _ = _run(tmp_path, 'ood', f'A={seed0},{seed1}',
+                        f'B (`b`)={one}')
+  assert code == 0
   assert table['columns'] == ['model (cell)', 'seeds', 'steps',
                               'in distribution (1-16 digits)',
                               'OOD (32-37 digits)', 'train s']
@@ -70,14 +179,14 @@ def test_ood_rows_of_other_lengths_or_unfinished_runs_are_errors(
   l16 = _ood_run(tmp_path / 'l16', 0, (1.0, 1.0), (0.1, 0.0), 1)
   l32 = _ood_run(tmp_path / 'l32', 0, (1.0, 1.0), (0.1, 0.0), 1,
                  train_digits=(1, 32), eval_digits=(64, 75))
-  out = tmp_path / 't.json'
-  assert _run(['ood', f'--out={out}', f'--row=a={l16}',
-               f'--row=b={l32}']) == 2
-  assert 'one table per length' in capsys.readouterr().err
-  assert _run(['ood', f'--out={out}', f'--row=a={tmp_path / "missing"}']) == 2
-  err = capsys.readouterr().err
-  assert 'has not finished' in err and err.count('\n') == 1
-  assert not out.exists()
+  assert _run(tmp_path, 'ood', f'a={l16}', f'b={l32}')[:2] == (2, None)
+  _one_line_error(capsys, 'one table per length')
+  assert _run(tmp_path, 'ood', f'a={tmp_path / "missing"}')[:2] == (2, None)
+  _one_line_error(capsys, 'has not finished')
+
+
+# ---------------------------------------------------------------------------
+# terraformer-memory-bench, terraformer-topk-bench, long_input_eval.py
 
 
 def test_lengths_merges_reports_and_adds_the_timed_models_ms(tmp_path):
@@ -87,11 +196,10 @@ def test_lengths_merges_reports_and_adds_the_timed_models_ms(tmp_path):
   ]}}
   untimed = {'batch_size': 1, 'target_len': 256, 'models': {'long_cst': [
       {'input_len': 1024, 'memory': {'total': 93 * MIB}, 'step_ms': None}]}}
-  out = tmp_path / 'm.json'
-  assert _run(['lengths', f'--out={out}', '--label=long_full=full',
-               _write(tmp_path, 'a.json', timed),
-               _write(tmp_path, 'b.json', untimed)]) == 0
-  table = json.loads(out.read_text())
+  code, table, _ = _run(tmp_path, 'lengths', '--label=long_full=full',
+                        _write(tmp_path, 'a.json', timed),
+                        _write(tmp_path, 'b.json', untimed))
+  assert code == 0
   assert table['columns'] == ['input tokens', 'full', 'long_cst', 'full ms']
   assert table['rows'] == [['1024', '137.2', '93.0', '25902'],
                            ['4096', '1140.8', '–', '–']]
@@ -102,39 +210,24 @@ def test_lengths_rejects_a_model_measured_twice_and_unknown_labels(
   report = {'models': {'full': [{'input_len': 256, 'memory': {'total': MIB},
                                  'step_ms': None}]}}
   path = _write(tmp_path, 'a.json', report)
-  out = tmp_path / 'm.json'
-  assert _run(['lengths', f'--out={out}', path, path]) == 2
-  assert 'measured twice' in capsys.readouterr().err
-  assert _run(['lengths', f'--out={out}', '--label=lsh=LSH', path]) == 2
-  assert 'unmeasured model' in capsys.readouterr().err
+  assert _run(tmp_path, 'lengths', path, path)[0] == 2
+  _one_line_error(capsys, 'measured twice')
+  assert _run(tmp_path, 'lengths', '--label=lsh=LSH', path)[0] == 2
+  _one_line_error(capsys, 'unmeasured model')
 
 
 def test_depth_gives_totals_temporaries_and_the_ratio(tmp_path):
   row = {'layers': 8,
          'reversible': {'total': 286.2 * MIB, 'temp': 221.2 * MIB},
          'non_reversible': {'total': 966.1 * MIB, 'temp': 903.2 * MIB}}
-  out = tmp_path / 'd.json'
-  assert _run(['depth', f'--out={out}',
-               _write(tmp_path, 'r.json', {'rows': [row]})]) == 0
-  table = json.loads(out.read_text())
+  code, table, _ = _run(tmp_path, 'depth',
+                        _write(tmp_path, 'r.json', {'rows': [row]}))
+  assert code == 0
   assert table['rows'] == [['8', '286.2', '221.2', '966.1', '903.2', '3.38']]
 
 
-@pytest.mark.parametrize('total, text', [
-    (775_400_000, '775.4M'), (16_880_000_000, '16.88B'), (1_124_032, '1.1M'),
-    (52_224, '52,224')])
-def test_parameters_are_written_as_the_docs_write_them(total, text):
-  assert tables.parameters(total) == text
-
-
-def test_params_table_reads_terraformer_info_json(tmp_path):
-  info = _write(tmp_path, 'i.json', {'by_layer': {}, 'total': 684_400_000})
-  out = tmp_path / 'p.json'
-  assert _run(['params', f'--out={out}', f'--row=`c4_800m.gin`={info}']) == 0
-  assert json.loads(out.read_text())['rows'] == [['`c4_800m.gin`', '684.4M']]
-
-
-def test_topk_keeps_one_k_and_gives_no_ncss_for_the_exact_operator(tmp_path):
+def test_topk_keeps_one_k_and_gives_no_ncss_for_the_exact_operator(
+    tmp_path, capsys):
   report = {'methods': ['sh', 'goyal', 'hard'], 'rows': [
       {'n': 256, 'k': 128, 'sh': {'ms': 4.654, 'nccs': 0.9851},
        'goyal': {'ms': 25.04, 'nccs': 0.16}, 'hard': {'ms': 0.78, 'nccs': 1}},
@@ -142,14 +235,15 @@ def test_topk_keeps_one_k_and_gives_no_ncss_for_the_exact_operator(tmp_path):
        'goyal': None, 'hard': {'ms': 4.04, 'nccs': 1}},
       {'n': 256, 'k': 8, 'sh': {'ms': 1, 'nccs': 1}, 'goyal': None,
        'hard': None}]}
-  out = tmp_path / 'k.json'
-  assert _run(['topk', '--k=128', f'--out={out}',
-               _write(tmp_path, 't.json', report)]) == 0
-  table = json.loads(out.read_text())
+  path = _write(tmp_path, 't.json', report)
+  code, table, _ = _run(tmp_path, 'topk', '--k=128', path)
+  assert code == 0
   assert table['columns'] == ['n', 'SH ms', 'Goyal ms', 'hard top-k ms',
                               'SH nCCS', 'Goyal nCCS']
   assert table['rows'] == [['256', '4.65', '25.0', '0.78', '0.985', '0.160'],
                            ['16384', '693.8', '–', '4.04', '0.853', '–']]
+  assert _run(tmp_path / 'k', 'topk', path)[0] == 2
+  _one_line_error(capsys, 'topk needs --k')
 
 
 def test_recall_scores_and_the_pooling_columns_where_measured(tmp_path):
@@ -160,13 +254,33 @@ def test_recall_scores_and_the_pooling_columns_where_measured(tmp_path):
       'step': 16000, 'examples': 256, 'exact_match': 0.2421875,
       'token_accuracy': 0.765, 'first_pooling_keeps_facts': 1.0,
       'first_pooling_keeps_queries': 0.0, 'first_pooling_keeps_all': 0.0})
-  out = tmp_path / 'r.json'
-  assert _run(['recall', f'--out={out}', f'--row=Full, seed 0={plain}',
-               f'--row=Pyramidion={pooled}']) == 0
-  table = json.loads(out.read_text())
+  code, table, _ = _run(tmp_path, 'recall', f'Full, seed 0={plain}',
+                        f'Pyramidion={pooled}')
+  assert code == 0
   assert table['columns'] == ['run', 'step', 'exact match', 'token accuracy',
                               'fact tokens kept', 'query tokens kept',
                               'examples keeping all']
   assert table['rows'] == [
       ['Full, seed 0', '2500', '1.000', '1.000', '–', '–', '–'],
       ['Pyramidion', '16000', '0.242', '0.765', '1.000', '0.000', '0.000']]
+
+
+# ---------------------------------------------------------------------------
+# Mistakes
+
+
+@pytest.mark.parametrize('args, says', [
+    (('speed', 'missing.json'), 'missing.json'),
+    (('projection', BENCH_17B), 'is not what projection reads'),
+    (('recall', f'run={BENCH_17B}'), 'is not what recall reads'),
+    (('speed', BENCH_17B, BENCH_17B), 'takes one input, got 2'),
+    (('plan', BENCH_17B), 'expected LABEL=PATH'),
+    (('speed', BENCH_17B, '--figure=x=dense:nope'), "no column 'nope'"),
+    (('speed', BENCH_17B, '--figure=x=nobody:speedup'), "no row 'nobody'"),
+    (('speed', BENCH_17B, '--columns=model,nope'), 'no column(s) nope'),
+    (('nomode', BENCH_17B), "invalid choice: 'nomode'"),
+])
+def test_mistakes_are_one_line_and_exit_2(tmp_path, capsys, args, says):
+  code, table, figures = _run(tmp_path, *args)
+  assert (code, table, figures) == (2, None, None)
+  assert _one_line_error(capsys, says).startswith(f'{tables.PROG}: error: ')
