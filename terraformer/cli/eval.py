@@ -111,6 +111,7 @@ def format_summary(summary):
     lines.append(f'(references: {summary["reference_words"]:.1f} words; '
                  'ROUGE-LSum per sentence, ROUGE-L over the whole text; '
                  f'sentences by {summary["sentence_splitter"]})')
+  lines += format_fluency(summary.get('fluency'))
   lines.append(f'{"log-perplexity":<20} {summary["log_perplexity"]:.4f} '
                f'(perplexity {summary["perplexity"]:.2f})')
   lines.append(f'decoding: {summary["n_decoded_tokens"]} tokens in '
@@ -119,6 +120,21 @@ def format_summary(summary):
   lines.append(f'per example: {summary["examples_jsonl"]}')
   lines.append(f'summary:     {summary["summary_json"]}')
   return '\n'.join(lines)
+
+
+def format_fluency(fluency):
+  """Lines of the fluency table (percent): the model beside the references."""
+  if not fluency:
+    return []
+  percent = lambda share: '–' if share is None else f'{100 * share:.2f}'
+  lines = [f'fluency vs the {fluency["split"]} texts (%)'
+           f'{"known words":>14}{"known trigrams":>16}{"repeated trigrams":>19}']
+  for label in ('model', 'references'):
+    row = fluency[label]
+    lines.append(f'  {label:<33}{percent(row["known_words"]):>14}'
+                 f'{percent(row["known_trigrams"]):>16}'
+                 f'{percent(row["repeated_trigrams"]):>19}')
+  return lines
 
 
 def format_examples(jsonl_path, n, max_chars=600):

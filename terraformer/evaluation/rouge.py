@@ -15,11 +15,16 @@ temperature 0.5, see `terraformer.decoding.search`), and reports
     scored on the same examples by the same scorer (`extractive_baselines`):
     lead-3 (the first 3 sentences of the article), lead-k matched (the first
     k sentences, k per example so that their word count is closest to the
-    reference's) and 3 random sentences of the article (fixed seed).
+    reference's) and 3 random sentences of the article (fixed seed);
+  * fluency (`terraformer.evaluation.fluency`) of the generated summaries and,
+    as their yardstick, of the references: the shares of their words and
+    word trigrams that occur in the training split's texts, and the share of
+    repeated trigrams (frequent-word salad has known words, unknown trigrams).
 
 It writes one JSON line per example and a summary JSON into the checkpoint
 directory. The vocabulary and the checkpoint come from `terraformer.loading`.
 """
+import dataclasses
 import itertools
 import json
 import logging
@@ -38,6 +43,7 @@ from terraformer import config
 from terraformer.decoding import search as decoding
 from terraformer import errors
 from terraformer.data import aclsum_papers
+from terraformer.evaluation import fluency as fluency_lib
 from terraformer.loading import model as loading_model
 from terraformer.loading import vocab as loading_vocab
 
@@ -62,6 +68,16 @@ def _examples(examples_fn, split, max_examples):
   if not pairs:
     raise errors.TerraformerError(f'split {split!r} has no examples')
   return pairs
+
+
+def _fluency(examples_fn, split, max_examples, predictions, references):
+  """{'model': ..., 'references': ..., 'split': ...}: `fluency.Fluency` dicts
+  of the predictions and the references against `split`'s texts."""
+  training = fluency_lib.TrainingText(itertools.chain.from_iterable(
+      _examples(examples_fn, split, max_examples)))
+  return {'model': dataclasses.asdict(training.fluency(predictions)),
+          'references': dataclasses.asdict(training.fluency(references)),
+          'split': split}
 
 
 # --- ROUGE ------------------------------------------------------------------
@@ -267,7 +283,8 @@ def evaluate(output_dir, model=None, examples_fn=paper_pairs, split='test',
              method='sample', temperature=0.5, top_k=0, top_p=1.0,
              beam_size=4, length_penalty=0.0, seed=0, batch_size=8,
              use_stemmer=True, baselines=True, baseline_k=3,
-             baseline_seed=0, progress=True):
+             baseline_seed=0, fluency=True, fluency_split='train',
+             fluency_max_examples=10000, progress=True):
   """Decodes a summarization split and scores it; writes JSONL + JSON.
 
   Args:
@@ -299,6 +316,9 @@ def evaluate(output_dir, model=None, examples_fn=paper_pairs, split='test',
       `baseline_seed`) on the same examples: summary['baselines'] and each
       JSONL row's 'baselines'.
     baseline_k, baseline_seed: see `baselines`.
+    fluency: also measure the fluency of the predictions and references
+      against the texts (articles and abstracts) of the first
+      `fluency_max_examples` examples of `fluency_split`: summary['fluency'].
     progress: tqdm progress bars.
 
   Returns:
@@ -373,6 +393,10 @@ def evaluate(output_dir, model=None, examples_fn=paper_pairs, split='test',
       extractive_baselines(pairs, baseline_k, baseline_seed, use_stemmer)
       if baselines else ({}, [{}] * len(pairs)))
 
+  fluency_summary = (
+      _fluency(examples_fn, fluency_split, fluency_max_examples, predictions,
+               references) if fluency else {})
+
   base = os.path.join(output_dir, f'eval_{split}_step{step}')
   with open(base + '.jsonl', 'w', encoding='utf-8') as f:
     for i, ((article, reference), prediction, score, baseline) in enumerate(
@@ -409,6 +433,7 @@ def evaluate(output_dir, model=None, examples_fn=paper_pairs, split='test',
       'prediction_words': float(np.mean([word_count(p) for p in predictions])),
       'reference_words': float(np.mean([word_count(r) for r in references])),
       'baselines': baseline_summary,
+      'fluency': fluency_summary,
       'baseline_k': baseline_k if baselines else None,
       'baseline_seed': baseline_seed if baselines else None,
       'examples_jsonl': base + '.jsonl', 'summary_json': base + '.json',

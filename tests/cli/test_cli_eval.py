@@ -67,6 +67,20 @@ def test_rouge_matches_rouge_score_on_the_jsonl(encdec_checkpoint, capsys):
                             'random 3 (seed 0) '))]
   assert len(table) == 4, out
   assert f'{100 * summary["baselines"]["lead_3"]["rouge2"]:.2f}' in table[1]
+  # Fluency of the predictions and, as their yardstick, of the references,
+  # against the train papers: test abstracts are English, so most of their
+  # words and a share of their trigrams occur in the train papers.
+  fluency = summary['fluency']
+  assert fluency['split'] == 'train'
+  refs = fluency['references']
+  assert 0 < refs['trigrams'] < refs['words']
+  assert 0.8 < refs['known_words'] <= 1 and 0.1 < refs['known_trigrams'] < 1
+  printed = [l.split() for l in out.splitlines()
+             if l.strip().startswith(('model ', 'references '))
+             and len(l.split()) == 4]
+  assert [p[0] for p in printed] == ['model', 'references'], out
+  assert printed[1][1:3] == [f'{100 * refs["known_words"]:.2f}',
+                             f'{100 * refs["known_trigrams"]:.2f}']
 
 
 @pytest.mark.slow
@@ -128,3 +142,16 @@ def test_user_errors(encdec_checkpoint, lm_checkpoint, capsys, tmp_path):
     assert len(lines) == 1 and lines[0].startswith(
         'terraformer-eval: error: ') and message in lines[0], err
   assert not any(n.startswith('eval_') for n in os.listdir(lm_ckpt))
+
+
+def test_format_fluency_prints_model_and_references_in_percent():
+  row = lambda words, trigrams, repeated: {
+      'known_words': words, 'known_trigrams': trigrams,
+      'repeated_trigrams': repeated, 'words': 10, 'trigrams': 8}
+  lines = eval_cli.format_fluency({'split': 'train',
+                                   'model': row(0.9, 0.125, None),
+                                   'references': row(1.0, 0.5, 0.0)})
+  assert 'train' in lines[0] and 'known trigrams' in lines[0]
+  assert lines[1].split() == ['model', '90.00', '12.50', '–']
+  assert lines[2].split() == ['references', '100.00', '50.00', '0.00']
+  assert eval_cli.format_fluency({}) == []
