@@ -13,6 +13,10 @@
 The log level comes from the environment variable TERRAFORMER_LOG_LEVEL
 (`debug`, `info`, `warning` (default), `error`) or the CLIs' `--verbosity`
 flag (`set_level`): at `info` and `debug` the library noise is shown again.
+
+`compilation_cache` turns on JAX's persistent compilation cache (the CLIs,
+the test suite): a rerun loads the programs an earlier run compiled
+(a training step: tens of seconds to minutes on a CPU) from disk.
 """
 import contextlib
 import importlib.abc
@@ -30,6 +34,14 @@ NOISY_IMPORTS = ('trax', 'tensorflow', 'gym')
 _JAX_RENAMED = r'jax\.\w+ has been renamed to jax\.\w+'
 
 _level = [os.environ.get(LOG_LEVEL_ENV, 'warning').lower()]
+
+COMPILATION_CACHE_ENV = 'TERRAFORMER_COMPILATION_CACHE'
+# Programs compiled faster than this are not written: reading one back costs
+# about as much. The first training step of a tiny model takes seconds.
+CACHE_MIN_COMPILE_SECS = 0.5
+_CACHE_SETTINGS = ('jax_enable_compilation_cache', 'jax_compilation_cache_dir',
+                   'jax_persistent_cache_min_compile_time_secs',
+                   'jax_persistent_cache_min_entry_size_bytes')
 
 
 def level():
@@ -91,6 +103,72 @@ class _QuietImportHook(importlib.abc.MetaPathFinder):
           compat.apply()
 
     return compat.spec_loading_with(name, path, target, exec_quietly)
+
+
+def compilation_cache_dir(environ=None):
+  """The directory of JAX's persistent compilation cache, None when off.
+
+  $TERRAFORMER_COMPILATION_CACHE names it (`off`: no cache); unset, it is
+  $XDG_CACHE_HOME/terraformer/jax (default ~/.cache/terraformer/jax), the
+  user's own: JAX runs what it finds there, so it must not be a directory
+  that others can write (JAX's persistent compilation cache guide).
+  """
+  environ = os.environ if environ is None else environ
+  value = environ.get(COMPILATION_CACHE_ENV, '').strip()
+  if value.lower() == 'off':
+    return None
+  if not value:
+    base = (environ.get('XDG_CACHE_HOME') or
+            os.path.join(os.path.expanduser('~'), '.cache'))
+    value = os.path.join(base, 'terraformer', 'jax')
+  return os.path.abspath(os.path.expanduser(value))
+
+
+def use_compilation_cache(directory):
+  """Points JAX's persistent compilation cache at `directory` (None: off);
+  returns the previous settings for `restore_compilation_cache`.
+
+  Every program that takes CACHE_MIN_COMPILE_SECS or more to compile is
+  written, whatever its size (JAX: `jax_persistent_cache_min_*`). A
+  directory that cannot be created turns the cache off with a notice on
+  stderr (the run itself does not need it).
+  """
+  import jax  # pylint: disable=g-import-not-at-top
+  saved = [getattr(jax.config, name) for name in _CACHE_SETTINGS]
+  if directory is not None:
+    try:
+      os.makedirs(directory, exist_ok=True)
+    except OSError as e:
+      print(f'terraformer: compilation cache off: cannot create {directory}: '
+            f'{e.strerror}', file=sys.stderr)
+      directory = None
+  values = ((True, directory, CACHE_MIN_COMPILE_SECS, -1) if directory
+            else (False, None, saved[2], saved[3]))
+  _set_compilation_cache(values)
+  return saved
+
+
+def restore_compilation_cache(saved):
+  """Puts back the settings that `use_compilation_cache` returned."""
+  _set_compilation_cache(saved)
+
+
+def _set_compilation_cache(values):
+  import jax  # pylint: disable=g-import-not-at-top
+  from jax.experimental.compilation_cache import compilation_cache as cache  # pylint: disable=g-import-not-at-top
+  for name, value in zip(_CACHE_SETTINGS, values):
+    jax.config.update(name, value)
+  cache.reset_cache()  # JAX opens its cache once: open it again, as set.
+
+
+@contextlib.contextmanager
+def compilation_cache(directory):
+  """JAX's persistent compilation cache in `directory` (None: off) inside."""
+  saved = use_compilation_cache(directory)
+  try:
+    yield
+  finally:
+    restore_compilation_cache(saved)
 
 
 def _filter_warnings():

@@ -6,6 +6,12 @@ file, unwritable directory, `TerraformerError`) and the machine's (an
 OSError: disk full, permissions) print ONE line,
 `<prog>: error: <message>`, on stderr and exit with status 2; nothing is
 written before the config, model and data have been checked.
+
+Compiled programs are kept in JAX's persistent compilation cache
+(`runtime.compilation_cache_dir`: $TERRAFORMER_COMPILATION_CACHE, else
+~/.cache/terraformer/jax), so a rerun does not compile them again;
+`--compilation_cache=false` (or TERRAFORMER_COMPILATION_CACHE=off) turns it
+off.
 """
 import os
 import sys
@@ -21,7 +27,8 @@ EXIT_USAGE = 2
 
 
 def define_config_flags(flag_values):
-  """Defines --config_file, --config and --verbosity on `flag_values`."""
+  """Defines --config_file, --config, --verbosity and --compilation_cache
+  on `flag_values`."""
   flags.DEFINE_multi_string(
       'config_file', None, 'Gin config file; repeat to use several.',
       flag_values=flag_values)
@@ -33,6 +40,12 @@ def define_config_flags(flag_values):
       'verbosity', None, runtime.LEVELS,
       f'Log level; debug/info also show the libraries\' start-up notices '
       f'(TensorFlow, Gym, JAX). Default: ${runtime.LOG_LEVEL_ENV} or warning.',
+      flag_values=flag_values)
+  flags.DEFINE_boolean(
+      'compilation_cache', True,
+      'Keep compiled programs in JAX\'s persistent compilation cache, '
+      f'${runtime.COMPILATION_CACHE_ENV} (a directory, or off) or '
+      '~/.cache/terraformer/jax, so that a rerun loads them.',
       flag_values=flag_values)
 
 
@@ -116,9 +129,12 @@ def run(prog, argv, define_flags, body, precheck=None):
     config.check_config_files(flag_values.config_file)
     if precheck:
       precheck(flag_values)
-    setup()
-    config.parse_gin(flag_values.config_file, flag_values.config)
-    return body(flag_values) or 0
+    cache_dir = (runtime.compilation_cache_dir()
+                 if flag_values.compilation_cache else None)
+    with runtime.compilation_cache(cache_dir):
+      setup()
+      config.parse_gin(flag_values.config_file, flag_values.config)
+      return body(flag_values) or 0
   except flags.Error as e:
     print(f'{prog}: error: {errors.first_line(e)}', file=sys.stderr)
   except errors.TerraformerError as e:
