@@ -1,4 +1,4 @@
-"""What both trainers keep about a run besides its arrays, and how they guard it.
+"""What both trainers keep about a run besides its arrays, and its guards.
 
 `terraformer.train` runs Trax's Loop (`loop._CheckpointedLoop`, replicated
 weights) or, with `weight_sharding = 'fsdp'`, `fsdp.FsdpLoop`. Both:
