@@ -8,9 +8,9 @@ the files bind) and `model_from_config` (the model function bound to
 `terraformer.train.model`). CLIs, the OOD harness and the benchmarks build
 their models through it.
 
-Our own configurables (models, layers, data, the trainer, ...) sit on floors
-above this module: the programs that read gin files register them
-(`terraformer.cli.configurables`), since one file serves several programs.
+Our own configurables (layers, models, data, the trainer, ...) live in rooms
+this module may not import (its floor or above, CONTRIBUTING.md): the
+programs that read gin files register them (`terraformer.cli.configurables`).
 """
 import importlib
 import logging
