@@ -16,7 +16,7 @@ layer's own weights: scaled rows of W1ᵀ/W2 are units, rows of E and W are
 input features, whose scales fold into the input). Controllers, biases,
 embeddings and attention caches stay float32. `map_leaf_layers` is the walk
 over a model's layers and weights that both this and the benchmark's random
-weights (`terraformer.benchmarks.decode_speed`) use.
+weights (`terraformer.benchmarks.weight_factory`) use.
 
 Each layer calls its kernel when `use_ffi` and the library is loaded
 (`terraformer.kernels.available()`) and the step has at most MAX_FFI_ROWS
@@ -228,7 +228,7 @@ def store_weights(model, weights, storage, store_matrix=_store):
 
   `store_matrix(w, storage) -> (stored matrix, (scales,) or ())` stores one
   matrix: by default it converts the float32 array `w`;
-  `decode_speed.random_stored_weights` passes one that creates a random
+  `weight_factory.random_stored_weights` passes one that creates a random
   stored matrix of `w`'s shape directly (no float32 copy).
   """
   if storage not in STORAGES:
