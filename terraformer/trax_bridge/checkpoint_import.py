@@ -60,6 +60,7 @@ from trax import layers as tl
 from trax import shapes
 
 from terraformer.checkpoint import format as checkpoint_format
+from terraformer.checkpoint import layout as checkpoint_layout
 from terraformer.decoding import search as decoding
 from terraformer.errors import TerraformerError
 from terraformer.layers import low_rank_sru
@@ -460,5 +461,6 @@ def write_checkpoint(weights, output_dir, step=0, source=None):
   checkpoint_format.write_trax_checkpoint(path, {
       'step': step, 'flat_weights': flat, 'flat_state': (),
       'flat_eval_state': (), 'slots_per_task': (),
-      'imported_from': source, 'version_timestamp': 'Mar-10-2021'})
+      'imported_from': source,
+      'version_timestamp': checkpoint_layout.TRAX_VERSION_TIMESTAMP})
   return path
