@@ -1,7 +1,18 @@
 """Self-attention of a block, its mechanism a switch (§4, Pyramidion §3.2).
 
-`SelfAttention` builds the attention of a Terraformer or Scaling Transformer
-block from three parts:
+The one place that turns an `attention_type` (and the sparsity of §3.2) into
+layers; both models build their attention here, each in the layout of its
+Trax counterpart so that Trax checkpoints import layer for layer:
+
+  `SelfAttention`             the Terraformer's: causal (x, lengths) -> y,
+                              bidirectional (x, mask) -> y, mask [batch, L];
+  `TransformerSelfAttention`  the Scaling Transformer's (Trax's
+                              `ConfigurableTransformer` layers): causal
+                              x -> y, bidirectional (x, mask) -> (y, mask)
+                              with `tl.PaddingMask`'s [batch, 1, 1, L] mask;
+                              its long-input types are `SelfAttention`'s.
+
+`SelfAttention` is built from three parts:
 
   projections   dense Q, K, V (+ a dense output layer), or the sparse QKV of
                 §3.2 (multiplicative layer + convolution, no output layer);
@@ -27,15 +38,20 @@ from terraformer.layers.lsh_attention import decode_bucket_count
 from terraformer.layers.lsh_attention import DecoderLSHCore
 from terraformer.layers.lsh_attention import LSHCore
 from terraformer.layers.lsh_attention import PerExamplePrefill
+from terraformer.layers.prefix_attention import PrefixCausalAttention
 from terraformer.layers.sparse_qkv_attention import SparseQKV
+from terraformer.layers.sparse_qkv_attention import SparseQKVAttention
 
 ATTENTION_TYPES = ('full', 'lsh', 'blockwise', 'cst')
+# The types each builder has a causal (decoder) attention for.
+CAUSAL_TYPES = ('full', 'lsh', 'cst')
+TRANSFORMER_CAUSAL_TYPES = ('full', 'cst')
 
 
 def SelfAttention(d_model, n_heads, attention_type='full',
-                  attention_sparsity=0, attention_kernel_size=3, causal=True,
-                  dropout=0.0, lsh_chunk_len=128, lsh_n_hashes=1,
-                  lsh_n_buckets=None, predict_mem_len=2048,
+                  attention_sparsity=0, *, attention_kernel_size=3,
+                  causal=True, dropout=0.0, lsh_chunk_len=128,
+                  lsh_n_hashes=1, lsh_n_buckets=None, predict_mem_len=2048,
                   predict_drop_len=256, lsh_eval_seed=0, mode='train',
                   block_len=512, cst_slice_len=32, cst_extension=3,
                   max_len=2048):
@@ -72,18 +88,12 @@ def SelfAttention(d_model, n_heads, attention_type='full',
     cst_extension: 'cst' slice extension α (1, 2 or 3).
     max_len: 'cst' longest sequence (rows of its global position table).
   """
-  if attention_type not in ATTENTION_TYPES:
-    raise TerraformerError(f'attention_type must be one of {ATTENTION_TYPES}, '
-                           f'got {attention_type!r}')
-  if attention_type == 'blockwise' and causal:
-    raise TerraformerError("attention_type='blockwise' is an encoder "
-                           "(bidirectional) attention; decoders take 'full', "
-                           "'lsh' or 'cst'")
+  _check_type(attention_type, causal, CAUSAL_TYPES)
   if attention_type == 'cst':
-    check_dense_qkv(attention_sparsity)
-    cst = CompositeSliceAttention(
-        d_model, n_heads, cst_slice_len, cst_extension, causal=causal,
-        max_len=max_len, dropout=dropout, mode=mode)
+    cst = _CompositeSlice(d_model, n_heads, attention_sparsity,
+                          slice_len=cst_slice_len, extension=cst_extension,
+                          causal=causal, max_len=max_len, dropout=dropout,
+                          mode=mode)
     if causal:                                   # x lengths
       return PerExamplePrefill(cst, mode)
     return cst                                   # x mask
@@ -142,3 +152,101 @@ def SelfAttention(d_model, n_heads, attention_type='full',
     ]
   return tl.Serial(projections, core, output,
                    name=f'{attention_type.upper()}SelfAttention')
+
+
+def TransformerSelfAttention(d_model, n_heads, attention_type='full',
+                             attention_sparsity=0, *, attention_kernel_size=3,
+                             attention_module_kernel_size=3, causal=True,
+                             dropout=0.0, max_len=2048, mode='train',
+                             block_len=512, cst_slice_len=32, cst_extension=3,
+                             lsh_chunk_len=128, lsh_n_hashes=1,
+                             lsh_n_buckets=None, lsh_eval_seed=0):
+  """The Scaling Transformer's self-attention, in Trax's layouts.
+
+  Causal: x -> y (a decoder; or an encoder that ignores its padding, as
+  Trax's sparse encoders do: real tokens never see the padding after them).
+  Bidirectional: (x, mask) -> (y, mask), mask `tl.PaddingMask`'s.
+
+    'full', dense    causal: `tl.CausalAttention`'s layers
+                     (`tl.ConfigurableAttention`) with `PrefixCausalAttention`
+                     as the core, which decodes reading only the filled part
+                     of its cache; bidirectional: `tl.Attention`.
+    'full', sparse   causal: Trax's `MultiplicativeConvCausalAttention`: S =
+                     `attention_sparsity` modules for Q/K/V (Q/K
+                     convolutions `attention_kernel_size` x
+                     `attention_module_kernel_size`, None: F x F), split into
+                     `n_heads` heads, no output layer; bidirectional:
+                     `SparseQKVAttention` (S heads).
+    'cst'            `CompositeSliceAttention` (causal or not).
+    'lsh',           bidirectional only: `SelfAttention`'s, reading the
+    'blockwise'      [batch, L] mask (`OnFlatMask`); block i of the encoder
+                     passes lsh_eval_seed + i.
+
+  Other arguments as `SelfAttention`'s.
+  """
+  _check_type(attention_type, causal, TRANSFORMER_CAUSAL_TYPES)
+  if attention_type == 'cst' and causal:         # x
+    return _CompositeSlice(d_model, n_heads, attention_sparsity,
+                           slice_len=cst_slice_len, extension=cst_extension,
+                           causal=True, max_len=max_len, dropout=dropout,
+                           mode=mode)
+  if causal:                                     # x
+    # Trax's DotProductCausalAttention, decoding from a prefix of its cache.
+    core = PrefixCausalAttention(dropout=dropout, max_inference_length=max_len,
+                                 mode=mode)
+    if not attention_sparsity:
+      return tl.ConfigurableAttention(
+          tl.Dense(d_model), tl.Dense(d_model), tl.Dense(d_model),
+          tl.Dense(d_model), core, n_heads=n_heads)
+    return tl.Serial(
+        SparseQKV(d_model, attention_sparsity, attention_kernel_size, 3,
+                  causal=True, mode=mode,
+                  module_kernel_size=attention_module_kernel_size),
+        tl.Parallel(tl.SplitIntoHeads(n_heads), tl.SplitIntoHeads(n_heads),
+                    tl.SplitIntoHeads(n_heads)),
+        core,
+        tl.MergeHeads(n_heads),
+    )
+  if attention_type != 'full':                   # x mask
+    return OnFlatMask(SelfAttention(
+        d_model, n_heads, attention_type, attention_sparsity, causal=False,
+        dropout=dropout, mode=mode, block_len=block_len,
+        cst_slice_len=cst_slice_len, cst_extension=cst_extension,
+        max_len=max_len, lsh_chunk_len=lsh_chunk_len,
+        lsh_n_hashes=lsh_n_hashes, lsh_n_buckets=lsh_n_buckets,
+        lsh_eval_seed=lsh_eval_seed))
+  if attention_sparsity:
+    return SparseQKVAttention(d_model, n_modules=attention_sparsity,
+                              kernel_size=attention_kernel_size,
+                              dropout=dropout, mode=mode)
+  return tl.Attention(d_model, n_heads=n_heads, dropout=dropout, mode=mode)
+
+
+def FlatMask():
+  """tl.PaddingMask's [batch, 1, 1, L] -> [batch, L]."""
+  return tl.Fn('FlatMask', lambda mask: mask.reshape(mask.shape[0], -1))
+
+
+def OnFlatMask(attention):
+  """(x, mask) -> (attention(x, flat mask), mask): a long-input attention,
+  which reads the [batch, L] mask, where the encoder carries PaddingMask's."""
+  return tl.Branch([tl.Parallel([], FlatMask()), attention],
+                   tl.Select([1], n_in=2))
+
+
+def _CompositeSlice(d_model, n_heads, attention_sparsity, *, slice_len,
+                    extension, causal, max_len, dropout, mode):
+  check_dense_qkv(attention_sparsity)
+  return CompositeSliceAttention(d_model, n_heads, slice_len, extension,
+                                 causal=causal, max_len=max_len,
+                                 dropout=dropout, mode=mode)
+
+
+def _check_type(attention_type, causal, causal_types):
+  if attention_type not in ATTENTION_TYPES:
+    raise TerraformerError(f'attention_type must be one of {ATTENTION_TYPES}, '
+                           f'got {attention_type!r}')
+  if causal and attention_type not in causal_types:
+    raise TerraformerError(
+        f'attention_type={attention_type!r} is an encoder (bidirectional) '
+        f'attention here; decoders take one of {causal_types}')

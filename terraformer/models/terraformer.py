@@ -63,27 +63,20 @@ Correspondence with Trax 1.4.1's `ConfigurableTerraformer`
 Switches back to our earlier variants: `pos_type='sinusoidal'`,
 `share_embeddings=False`, `encoder_output_dense=False`.
 """
-import dataclasses
-from typing import Optional
-
 import gin
-import jax
 import jax.numpy as jnp
 from trax import fastmath
 from trax import layers as tl
 from trax.layers import initializers as init
 
 from terraformer.layers import reversible as rev
-from terraformer.layers.attention import SelfAttention
-from terraformer.layers.lsh_attention import PerExamplePrefill
-from terraformer.layers.low_rank_sru import LowRankSRU
-from terraformer.layers.sparse_ff import SparseFF
 from terraformer.layers.successive_halving_topk import LinearScorer
 from terraformer.layers.successive_halving_topk import pooling_schedule
 from terraformer.layers.successive_halving_topk import successive_halving_topk
-from terraformer.models.common import CachedInPredict
 from terraformer.models.common import Embedder
+from terraformer.models.common import EncodeOnce
 from terraformer.models.common import Logits
+from terraformer.models.common import Sublayers
 
 POS_TYPES = ('fixed-base', 'sinusoidal')
 
@@ -172,25 +165,31 @@ def Terraformer(input_vocab_size=32000, output_vocab_size=None, d_model=512,
   shared = share_embeddings and output_vocab_size is None
   output_vocab_size = output_vocab_size or input_vocab_size
   encoder_mode = 'eval' if mode == 'predict' else mode
-  common = dict(d_model=d_model, d_ff=d_ff, n_heads=n_heads, dropout=dropout,
-                ff_sparsity=ff_sparsity, d_lowrank=d_lowrank,
-                ff_temperature=ff_temperature, ff_quant_prob=ff_quant_prob,
-                attention_sparsity=attention_sparsity,
-                attention_kernel_size=attention_kernel_size,
-                lsh_chunk_len=lsh_chunk_len, lsh_n_hashes=lsh_n_hashes,
-                lsh_n_buckets=lsh_n_buckets, lsh_eval_seed=lsh_eval_seed,
-                predict_mem_len=predict_mem_len,
-                predict_drop_len=predict_drop_len,
-                d_sru=d_sru if use_sru else 0, reversible=reversible,
-                store_decisions=reversible and mode != 'predict',
-                block_len=block_len, cst_slice_len=cst_slice_len,
-                cst_extension=cst_extension)
-  enc = _Sublayers(attention_type=encoder_attention_type, causal=False,
-                   mode=encoder_mode, max_len=max_len, **common)
+  stack = dict(layout='terraformer', d_model=d_model, d_ff=d_ff,
+               n_heads=n_heads, dropout=dropout, ff_sparsity=ff_sparsity,
+               d_lowrank=d_lowrank, ff_temperature=ff_temperature,
+               ff_quant_prob=ff_quant_prob, d_sru=d_sru if use_sru else 0,
+               reversible=reversible,
+               store_decisions=reversible and mode != 'predict')
+  attention = dict(attention_sparsity=attention_sparsity,
+                   attention_kernel_size=attention_kernel_size,
+                   lsh_chunk_len=lsh_chunk_len, lsh_n_hashes=lsh_n_hashes,
+                   lsh_n_buckets=lsh_n_buckets, lsh_eval_seed=lsh_eval_seed,
+                   predict_mem_len=predict_mem_len,
+                   predict_drop_len=predict_drop_len, block_len=block_len,
+                   cst_slice_len=cst_slice_len, cst_extension=cst_extension)
+  enc = Sublayers(mode=encoder_mode, causal=False,
+                  attention=dict(attention,
+                                 attention_type=encoder_attention_type,
+                                 max_len=max_len),
+                  **stack)
   if mode == 'predict' and lsh_decode_n_buckets is not None:
-    common = dict(common, lsh_n_buckets=lsh_decode_n_buckets)
-  dec = _Sublayers(attention_type=decoder_attention_type, causal=True,
-                   mode=mode, max_len=predict_mem_len, **common)
+    attention = dict(attention, lsh_n_buckets=lsh_decode_n_buckets)
+  dec = Sublayers(mode=mode, causal=True,
+                  attention=dict(attention,
+                                 attention_type=decoder_attention_type,
+                                 max_len=predict_mem_len),
+                  **stack)
   blocks = [_EncoderBlock(enc) for _ in range(n_encoder_layers)]
   encoder_blocks, start = [], 0
   for layer, k in pooling:                       # x1 x2 mask_e
@@ -205,8 +204,10 @@ def Terraformer(input_vocab_size=32000, output_vocab_size=None, d_model=512,
                    else tl.Embedding(output_vocab_size, d_model))
 
   encoder = tl.Serial(                           # tok_e
-      tl.Branch(_Embedder(in_embedding, dropout, pos_type, max_len,
-                          encoder_mode),
+      tl.Branch(Embedder(in_embedding,
+                         _PositionalEncoding(pos_type, max_len, encoder_mode),
+                         dropout=dropout, mode=encoder_mode,
+                         dropout_shared_axes=[-2]),
                 _TokenMask()),                   # vec_e mask_e
       tl.Dup(),                                  # vec_e vec_e mask_e
       encoder_blocks,                            # x1 x2 mask_e (pooled)
@@ -215,11 +216,11 @@ def Terraformer(input_vocab_size=32000, output_vocab_size=None, d_model=512,
       tl.LayerNorm(),                            # vec_e mask_e
   )
   return tl.Serial(                              # tok_e tok_d
-      tl.Select([0, 1, 1]),                      # tok_e tok_d tok_d
-      CachedInPredict(encoder, mode),            # vec_e mask_e tok_d tok_d
+      EncodeOnce(encoder, mode),                 # vec_e mask_e tok_d tok_d
       tl.Select([2, 0, 1]),                      # tok_d vec_e mask_e tok_d
       tl.ShiftRight(mode=mode),
-      _Embedder(out_embedding, dropout, pos_type, max_len, mode),
+      Embedder(out_embedding, _PositionalEncoding(pos_type, max_len, mode),
+               dropout=dropout, mode=mode, dropout_shared_axes=[-2]),
       EncoderDecoderConcat(mode),                # vec_ed len_e tok_d
       tl.Dup(),                                  # x1 x2 len_e tok_d
       rev.ReversibleSerial(
@@ -230,88 +231,6 @@ def Terraformer(input_vocab_size=32000, output_vocab_size=None, d_model=512,
       DecoderPositions(mode),                    # vec_d tok_d
       Logits(output_vocab_size, loss_sparsity),   # logits tok_d
   )
-
-
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class _Sublayers:
-  """Builds the attention and feed-forward residual functions of a stack.
-
-  Encoder functions read (x, mask) (attention) or x; decoder functions read
-  (x, len_e): len_e [batch] counts each example's real encoder positions.
-  """
-
-  d_model: int
-  d_ff: int
-  n_heads: int
-  dropout: float
-  ff_sparsity: int
-  d_lowrank: int
-  ff_temperature: float
-  ff_quant_prob: float
-  attention_type: str
-  attention_sparsity: int
-  attention_kernel_size: int
-  lsh_chunk_len: int
-  lsh_n_hashes: int
-  lsh_n_buckets: Optional[int]
-  lsh_eval_seed: Optional[int]
-  predict_mem_len: int
-  predict_drop_len: int
-  d_sru: int                   # 0: no SRU.
-  reversible: bool
-  store_decisions: bool        # Layers keep their decisions for a re-run.
-  causal: bool                 # Decoder (True) or encoder (False).
-  mode: str
-  block_len: int
-  cst_slice_len: int
-  cst_extension: int
-  max_len: int
-
-  def half_residual(self, *layers):
-    return rev.HalfResidual(*layers, reversible=self.reversible)
-
-  def dropout_layer(self):
-    return tl.Dropout(rate=self.dropout, mode=self.mode)
-
-  def attention(self, index=0):
-    """Causal: (x, len_e) -> y. Bidirectional: (x, mask) -> y."""
-    seed = None if self.lsh_eval_seed is None else self.lsh_eval_seed + index
-    attention = SelfAttention(
-        self.d_model, self.n_heads, self.attention_type,
-        self.attention_sparsity, self.attention_kernel_size, self.causal,
-        self.dropout, self.lsh_chunk_len, self.lsh_n_hashes,
-        self.lsh_n_buckets, self.predict_mem_len, self.predict_drop_len,
-        seed, self.mode, self.block_len, self.cst_slice_len,
-        self.cst_extension, self.max_len)
-    return self.half_residual(tl.Parallel(tl.LayerNorm(), []), attention,
-                              self.dropout_layer())
-
-  def feed_forward(self):
-    """FF path: x -> Dropout(FF(LN(x))); with SRU, + SRU-path(LN'(x)).
-
-    Decoder: reads (x, len_e) when it has the SRU, whose decoding state is
-    taken at each example's last real position (`PerExamplePrefill`).
-    """
-    if self.ff_sparsity:
-      ff = SparseFF(self.d_ff, self.ff_sparsity, self.d_lowrank,
-                    temperature=self.ff_temperature,
-                    quant_prob=self.ff_quant_prob, mode=self.mode,
-                    store_decisions=self.store_decisions)
-    else:
-      ff = tl.Serial(tl.Dense(self.d_ff), tl.Relu(), self.dropout_layer(),
-                     tl.Dense(self.d_model))
-    ff_path = [tl.LayerNorm(), ff, self.dropout_layer()]
-    if not self.d_sru:
-      return self.half_residual(*ff_path)
-    sru = LowRankSRU(self.d_model, self.d_sru, mode=self.mode)
-    if self.causal:                              # x len_e
-      return self.half_residual(
-          tl.Branch([tl.Select([0], n_in=2)] + ff_path,
-                    [tl.Parallel(tl.LayerNorm(), []),
-                     PerExamplePrefill(sru, self.mode)]),
-          tl.Add())
-    return self.half_residual(tl.Branch(ff_path, [tl.LayerNorm(), sru]),
-                              tl.Add())
 
 
 class StreamPooling(tl.Layer):
@@ -348,22 +267,22 @@ class StreamPooling(tl.Layer):
 
 
 def _EncoderBlock(s):                            # x1 x2 mask
-  return [s.attention(), tl.ReversibleSwap(),
-          s.feed_forward(), tl.ReversibleSwap()]
+  return [s.attention_block(), tl.ReversibleSwap(),
+          s.feed_forward_block(), tl.ReversibleSwap()]
 
 
 def _DecoderBlock(s, index):                     # x1 x2 len_e
-  return [s.attention(1 + 2 * index), tl.ReversibleSwap(),
-          s.attention(2 + 2 * index), tl.ReversibleSwap(),
-          s.feed_forward(), tl.ReversibleSwap()]
+  """Two attentions before the feed-forward (§4.1); LSH evaluation keys
+  1 + 2 * index and 2 + 2 * index (the encoder's blocks all use 0)."""
+  return [s.attention_block(1 + 2 * index), tl.ReversibleSwap(),
+          s.attention_block(2 + 2 * index), tl.ReversibleSwap(),
+          s.feed_forward_block(), tl.ReversibleSwap()]
 
 
-def _Embedder(embedding, dropout, pos_type, max_len, mode):
+def _PositionalEncoding(pos_type, max_len, mode):
   if pos_type == 'fixed-base':
-    positions = FixedBasePositionalEncoding(mode=mode)
-  else:
-    positions = tl.PositionalEncoding(max_len=max_len, mode=mode)
-  return Embedder(embedding, dropout, positions, mode, shared_axes=[-2])
+    return FixedBasePositionalEncoding(mode=mode)
+  return tl.PositionalEncoding(max_len=max_len, mode=mode)
 
 
 @gin.configurable(module='terraformer')
@@ -448,25 +367,33 @@ def _StreamMean():
   return tl.Fn('StreamMean', lambda x1, x2: (x1 + x2) / 2.0)
 
 
-class EncoderDecoderConcat(tl.Layer):
+class _PrefillThenSteps(tl.Layer):
+  """A 3 -> 2 layer before or after the decoder blocks whose predict mode
+  tells its first call (the prefill, with the encoder positions) from the
+  later ones (one decoder position each) by a Python-level flag in its state
+  (like `tl.Cache`), so that each has its own static shapes."""
+
+  def __init__(self, mode='train'):
+    super().__init__(n_in=3, n_out=2, name=type(self).__name__)
+    self._mode = mode
+
+  def after_prefill(self):
+    return self._mode == 'predict' and bool(self.state)
+
+
+class EncoderDecoderConcat(_PrefillThenSteps):
   """(vec_d, vec_e, mask_e) -> (vec_ed, len_e): padding removed (§4.1).
 
   vec_ed[b] = [vec_e[b, :n_b], vec_d[b], zeros(Lin - n_b)] with n_b = len_e[b]
   the number of real encoder tokens (Trax's `ConcatWithPadding`; padding at
   the end of the inputs). In predict mode only the first call (the first
   decoder token) prepends the encoder positions, which primes the decoder's
-  caches with them; later calls pass the new decoder position alone. A
-  Python-level flag in the state (like `tl.Cache`) tells the two apart, so
-  each has its own static shapes.
+  caches with them; later calls pass the new decoder position alone.
   """
-
-  def __init__(self, mode='train'):
-    super().__init__(n_in=3, n_out=2, name='EncoderDecoderConcat')
-    self._mode = mode
 
   def forward(self, inputs):
     vec_d, vec_e, mask_e = inputs
-    if self._mode == 'predict' and self.state:   # Encoder already prepended.
+    if self.after_prefill():                     # Encoder already prepended.
       return vec_d, self.state[0]
     len_e = jnp.sum(mask_e, axis=1, dtype=jnp.int32)
     if self._mode == 'predict':
@@ -481,7 +408,7 @@ class EncoderDecoderConcat(tl.Layer):
     return vec_ed * (pos < n + l_out)[..., None].astype(vec_ed.dtype), len_e
 
 
-class DecoderPositions(tl.Layer):
+class DecoderPositions(_PrefillThenSteps):
   """(vec_ed, len_e, tok_d) -> (vec_d, tok_d): the decoder positions.
 
   vec_d[b] = vec_ed[b, n_b : n_b + Ld] (Trax's
@@ -489,13 +416,9 @@ class DecoderPositions(tl.Layer):
   vec_ed holds the decoder position alone.
   """
 
-  def __init__(self, mode='train'):
-    super().__init__(n_in=3, n_out=2, name='DecoderPositions')
-    self._mode = mode
-
   def forward(self, inputs):
     vec_ed, len_e, tok_d = inputs
-    if self._mode == 'predict' and self.state:
+    if self.after_prefill():
       return vec_ed, tok_d
     if self._mode == 'predict':
       self.state = (jnp.zeros((), jnp.int32),)
