@@ -12,6 +12,8 @@ from terraformer.models import ScalingTransformer
 from terraformer.models import ScalingTransformerLM
 from terraformer.models import Terraformer
 
+from decode_steps import eval_and_decode_logits  # tests/models/
+
 compat.apply()
 
 VOCAB = 64
@@ -32,18 +34,8 @@ def _tokens(shape, seed):
 
 def _eval_and_predict_logits(make, inputs, targets):
   """Logits of the eval forward pass and of token-by-token decoding."""
-  eval_model = make('eval')
-  eval_model.init(shapes.signature((inputs, targets)),
-                  rng=jax.random.PRNGKey(3))
-  full = np.asarray(eval_model((inputs, targets))[0])
-  predict_model = make('predict')
-  predict_model.init((shapes.signature(inputs),
-                      shapes.ShapeDtype((inputs.shape[0], 1), np.int32)))
-  predict_model.weights = eval_model.weights
-  shifted = np.pad(targets, ((0, 0), (1, 0)))[:, :-1]
-  steps = [np.asarray(predict_model((inputs, shifted[:, i:i + 1]))[0])
-           for i in range(targets.shape[1])]
-  return full, np.concatenate(steps, axis=1), eval_model
+  return eval_and_decode_logits(make, targets, inputs,
+                                rng=jax.random.PRNGKey(3))
 
 
 @pytest.mark.parametrize('schedule', [{1: 4}, {0: 8, 1: 2}],
@@ -140,17 +132,10 @@ def test_cst_language_model_decodes_as_it_evaluates():
                 dropout=0.0, max_len=16, ff_sparsity=8, d_lowrank=4,
                 loss_sparsity=4, attention_type='cst', cst_slice_len=4,
                 cst_extension=3)
-  eval_model = ScalingTransformerLM(mode='eval', **config)
-  eval_model.init(shapes.signature(tokens), rng=jax.random.PRNGKey(13))
-  full = np.asarray(eval_model(tokens))
-  predict_model = ScalingTransformerLM(mode='predict', **config)
-  predict_model.init(shapes.ShapeDtype((2, 1), np.int32))
-  predict_model.weights = eval_model.weights
-  shifted = np.pad(tokens, ((0, 0), (1, 0)))[:, :-1]
-  steps = [np.asarray(predict_model(shifted[:, i:i + 1]))
-           for i in range(tokens.shape[1])]
-  np.testing.assert_allclose(np.concatenate(steps, axis=1), full,
-                             atol=2e-4, rtol=2e-4)
+  full, steps, _ = eval_and_decode_logits(
+      lambda mode: ScalingTransformerLM(mode=mode, **config), tokens,
+      rng=jax.random.PRNGKey(13))
+  np.testing.assert_allclose(steps, full, atol=2e-4, rtol=2e-4)
 
 
 @pytest.mark.parametrize('attention', ['blockwise', 'cst', 'lsh'])

@@ -14,6 +14,9 @@ from terraformer.trax_bridge import compat
 from terraformer.models import ScalingTransformer
 from terraformer.models import Terraformer
 
+from decode_steps import decode_logits  # tests/models/
+from decode_steps import init_predict_model
+
 compat.apply()
 
 VOCAB = 64
@@ -49,13 +52,8 @@ def _eval_logits(build, weights_from, pad_to):
 
 def _predict_logits(build, weights, pad_to):
   inputs, targets = _batch(pad_to)
-  model = build('predict')
-  model.init((shapes.signature(inputs), shapes.ShapeDtype((2, 1), np.int32)))
-  model.weights = weights
-  shifted = np.pad(targets, ((0, 0), (1, 0)))[:, :-1]
-  return np.concatenate(
-      [np.asarray(model((inputs, shifted[:, i:i + 1]))[0])
-       for i in range(TARGET_LEN)], axis=1)
+  model = init_predict_model(build, weights, len(inputs), inputs)
+  return decode_logits(model, targets, inputs)
 
 
 def _check(build):

@@ -7,6 +7,8 @@ from trax import shapes
 from terraformer.models import ScalingTransformer
 from terraformer.models import ScalingTransformerLM
 
+from decode_steps import eval_and_decode_logits  # tests/models/
+
 TINY = dict(d_model=32, d_ff=64, n_heads=4, dropout=0.0, max_len=16,
             d_lowrank=4)
 VARIANTS = {
@@ -40,19 +42,9 @@ def _encdec(variant, mode):
 @pytest.mark.parametrize('variant', sorted(VARIANTS))
 def test_lm_predict_matches_eval_forward(variant):
   tokens = _tokens((2, 10))
-  eval_model = _lm(variant, 'eval')
-  eval_model.init(shapes.signature(tokens), rng=jax.random.PRNGKey(1))
-  full_logits = np.asarray(eval_model(tokens))
-
-  predict_model = _lm(variant, 'predict')
-  predict_model.init(shapes.ShapeDtype((2, 1), np.int32))
-  predict_model.weights = eval_model.weights
-  # Predict mode does not shift: feed the shifted sequence token by token.
-  shifted = np.pad(tokens, ((0, 0), (1, 0)))[:, :-1]
-  step_logits = [np.asarray(predict_model(shifted[:, i:i + 1]))
-                 for i in range(tokens.shape[1])]
-  np.testing.assert_allclose(np.concatenate(step_logits, axis=1),
-                             full_logits, atol=2e-4, rtol=2e-4)
+  full_logits, step_logits, _ = eval_and_decode_logits(
+      lambda mode: _lm(variant, mode), tokens, rng=jax.random.PRNGKey(1))
+  np.testing.assert_allclose(step_logits, full_logits, atol=2e-4, rtol=2e-4)
 
 
 @pytest.mark.parametrize('variant', ['dense', 'sparse_ff_qkv_loss',
@@ -60,20 +52,10 @@ def test_lm_predict_matches_eval_forward(variant):
 def test_encoder_decoder_predict_matches_eval_forward(variant):
   inputs, targets = _tokens((2, 7), seed=1), _tokens((2, 6), seed=2)
   inputs[0, 5:] = 0  # padding in the encoder input must be masked
-  eval_model = _encdec(variant, 'eval')
-  eval_model.init(shapes.signature((inputs, targets)),
-                  rng=jax.random.PRNGKey(2))
-  full_logits, _ = eval_model((inputs, targets))
-
-  predict_model = _encdec(variant, 'predict')
-  predict_model.init((shapes.signature(inputs),
-                      shapes.ShapeDtype((2, 1), np.int32)))
-  predict_model.weights = eval_model.weights
-  shifted = np.pad(targets, ((0, 0), (1, 0)))[:, :-1]
-  step_logits = [np.asarray(predict_model((inputs, shifted[:, i:i + 1]))[0])
-                 for i in range(targets.shape[1])]
-  np.testing.assert_allclose(np.concatenate(step_logits, axis=1),
-                             np.asarray(full_logits), atol=2e-4, rtol=2e-4)
+  full_logits, step_logits, _ = eval_and_decode_logits(
+      lambda mode: _encdec(variant, mode), targets, inputs,
+      rng=jax.random.PRNGKey(2))
+  np.testing.assert_allclose(step_logits, full_logits, atol=2e-4, rtol=2e-4)
 
 
 @pytest.mark.parametrize('variant', ['dense', 'local_conv'])
