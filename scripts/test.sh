@@ -1,14 +1,22 @@
 #!/usr/bin/env bash
-# Runs the whole test suite (slow end-to-end tests included) in .venv, in
-# TEST_WORKERS (default 2) pytest-xdist processes, one test file per process
-# at a time (module fixtures are built once), in the order of
-# tests/conftest.py (longest files first; --no-loadscope-reorder, or xdist
-# starts the files with the most tests first and the one-test end-to-end
-# files last). TEST_WORKERS=0: one process.
+# Runs the whole test suite (slow tests included) in .venv, in TEST_WORKERS
+# (default 2) pytest-xdist processes, one test file per process at a time
+# (module fixtures are built once), in the order of tests/conftest.py
+# (longest files first; --no-loadscope-reorder, or xdist starts the files
+# with the most tests first and the one-test end-to-end files last).
+# TEST_WORKERS=0: one process.
+#   --fast  the fast tier: no test marked slow (more than ~15 s; the list
+#           SLOW in tests/conftest.py), `-m 'not slow'`.
+# Other arguments go to pytest (test paths, -k, -x, ...).
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 bash "$root/scripts/env.sh"
 cd "$root"
+args=()
+for arg in "$@"; do
+  if [[ "$arg" == --fast ]]; then args+=(-m 'not slow'); else args+=("$arg"); fi
+done
+set -- ${args[@]+"${args[@]}"}
 workers="${TEST_WORKERS:-2}"
 if [[ "$workers" == 0 ]]; then
   exec .venv/bin/python -m pytest "$@"

@@ -92,14 +92,12 @@ def counts():
   return results
 
 
-@pytest.mark.slow
 def test_info_runs_on_every_gin_file(counts):
   assert len(counts) >= 10
   for path, count in counts.items():
     assert count['total'] == sum(count['by_layer'].values()) > 0, path
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize('name,model', [
     (os.path.join('terraformer', '17b.gin'), 'Terraformer'),
     (os.path.join('tiny', 'encdec_sparse.gin'), 'ScalingTransformer')])
@@ -110,7 +108,6 @@ def test_depth_extrapolation_is_exact(counts, name, model):
   gin.clear_config()
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize('path', BENCH_CONFIGS,
                          ids=lambda p: os.path.relpath(p, GIN_DIR))
 def test_bench_config_parses_and_builds(path):
@@ -121,7 +118,6 @@ def test_bench_config_parses_and_builds(path):
   assert layer.sublayers  # A whole model, not an empty Serial.
 
 
-@pytest.mark.slow
 def test_800m_family_is_parameter_matched(counts):
   family = {name: counts[os.path.join(GIN_DIR, 'scaling_800m', f'{name}.gin')]
             for name in FAMILY_800M}
@@ -138,7 +134,6 @@ def test_800m_family_is_parameter_matched(counts):
           > kinds['sparse_ff_qkv']['MultiplicativeDense'])
 
 
-@pytest.mark.slow
 def test_terraformer_sizes(counts):
   """Terraformer 800M (C4 and arXiv: the same weights) and 17B (§4.4)."""
   def total(name):

@@ -36,7 +36,6 @@ def _import_models(level=None):
                         check=True)
 
 
-@pytest.mark.slow
 def test_import_is_quiet_unless_asked_and_applies_the_fixes():
   quiet = _import_models()
   assert quiet.stdout == 'True\n'  # Every compat fix installed on import.

@@ -187,7 +187,6 @@ def test_mirror_of_trax_sparse_ff_is_trax_layer():
   assert spec.n_blocks == 2
 
 
-@pytest.mark.slow
 def test_projection_equals_the_deeper_model():
   texts = {'sparse': ENCDEC + 'PAPER_DECODE_SECONDS = 0.5\n',
            'deep': ENCDEC + ('ScalingTransformer.n_decoder_layers = 3\n'
@@ -216,7 +215,6 @@ def test_projection_equals_the_deeper_model():
                   project_layers=3)
 
 
-@pytest.mark.slow
 def test_user_path_decodes_what_trax_decodes():
   texts = {'sparse': LM + SPARSE}
   report = benchmark.user_path([('sparse', 'sparse')],

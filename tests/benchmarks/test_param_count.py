@@ -112,7 +112,6 @@ print(json.dumps({'by_layer': count.by_layer, 'total': count.total}))
 """
 
 
-@pytest.mark.slow
 def test_800m_model_counted_without_allocating():
   """Counted in a child process whose own peak RSS is measured (os.wait4):
   float32 weights alone would be 3.6 GB; Python + Trax + TF take ~1 GB."""

@@ -87,7 +87,6 @@ def test_help(capsys):
   assert 'EACH --config_file is one model' in out
 
 
-@pytest.mark.slow
 def test_agreement_table_and_json(tmp_path, capsys):
   dense, sparse = _configs(tmp_path)
   bf16 = tmp_path / 'bf16.gin'
@@ -107,7 +106,6 @@ def test_agreement_table_and_json(tmp_path, capsys):
   assert 'bfloat16' in report[1]['decode_path']
 
 
-@pytest.mark.slow
 def test_table_and_json(tmp_path, capsys):
   dense, sparse = _configs(tmp_path)
   path = tmp_path / 'bench.json'
@@ -157,7 +155,6 @@ def test_plot_sweep_writes_png(tmp_path):
   assert path.read_bytes()[:8] == b'\x89PNG\r\n\x1a\n'
 
 
-@pytest.mark.slow
 def test_sweep_writes_plot_and_json(tmp_path, capsys):
   dense, sparse = _configs(tmp_path)
   plot, path = tmp_path / 'sweep.png', tmp_path / 'sweep.json'
@@ -177,7 +174,6 @@ def test_sweep_writes_plot_and_json(tmp_path, capsys):
   assert len([l for l in out.splitlines() if l.startswith('d_model')]) == 4
 
 
-@pytest.mark.slow
 def test_console_script(tmp_path):
   dense, _ = _configs(tmp_path)
   exe = os.path.join(os.path.dirname(sys.executable), 'terraformer-bench')

@@ -4,7 +4,6 @@ import subprocess
 import sys
 
 import numpy as np
-import pytest
 from trax import shapes
 
 import tiny_checkpoints
@@ -44,7 +43,6 @@ def _oracle_predict_model(run, ckpt, signature):
   return model, loading_vocab.text_vocab()
 
 
-@pytest.mark.slow
 def test_encdec_output_matches_trax_loaded_model(encdec_checkpoint, capsys):
   run, ckpt, _ = encdec_checkpoint
   code, out, err = _run(capsys, run, f'--output_dir={ckpt}',
@@ -65,7 +63,6 @@ def test_encdec_output_matches_trax_loaded_model(encdec_checkpoint, capsys):
   assert out.splitlines()[0] == expected.replace('\n', ' ')
 
 
-@pytest.mark.slow
 def test_input_file_lines_whole_file_and_methods(encdec_checkpoint, capsys,
                                                  tmp_path):
   run, ckpt, _ = encdec_checkpoint
@@ -99,7 +96,6 @@ def test_input_file_lines_whole_file_and_methods(encdec_checkpoint, capsys,
   assert again == out  # Sampling with a seed is reproducible.
 
 
-@pytest.mark.slow
 def test_lm_prompt_continuation(lm_checkpoint, capsys):
   run, ckpt, _ = lm_checkpoint
   prompt = 'Sparse layers are'
@@ -127,7 +123,6 @@ def test_lm_prompt_continuation(lm_checkpoint, capsys):
   assert len(out.splitlines()) == 1
 
 
-@pytest.mark.slow
 def test_terraformer(tmp_path_factory, capsys):
   run = tiny_checkpoints.TERRAFORMER
   ckpt = str(tmp_path_factory.mktemp('terraformer') / 'ckpt')
@@ -147,7 +142,6 @@ def test_terraformer(tmp_path_factory, capsys):
       vocab.decode(decoding.strip_eos(tokens[0], vocab.eos_id))]
 
 
-@pytest.mark.slow
 def test_user_errors(encdec_checkpoint, capsys, tmp_path):
   run, ckpt, _ = encdec_checkpoint
   empty_file = tmp_path / 'empty.txt'
@@ -193,7 +187,6 @@ def test_user_errors(encdec_checkpoint, capsys, tmp_path):
   assert len(out.splitlines()) == 1
 
 
-@pytest.mark.slow
 def test_console_script_one_line_error(tmp_path):
   exe = os.path.join(os.path.dirname(sys.executable), 'terraformer-decode')
   done = subprocess.run(

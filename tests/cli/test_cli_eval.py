@@ -25,7 +25,6 @@ def _read_jsonl(path):
     return [json.loads(line) for line in f]
 
 
-@pytest.mark.slow
 def test_rouge_matches_rouge_score_on_the_jsonl(encdec_checkpoint, capsys):
   run, ckpt, _ = encdec_checkpoint
   code, out, err = _run(capsys, run, f'--output_dir={ckpt}',
@@ -83,7 +82,6 @@ def test_rouge_matches_rouge_score_on_the_jsonl(encdec_checkpoint, capsys):
                              f'{100 * refs["known_trigrams"]:.2f}']
 
 
-@pytest.mark.slow
 def test_log_perplexity_matches_the_training_eval(encdec_checkpoint, capsys):
   # terraformer-train evaluated the final weights on the first validation
   # batch (2 papers, same lengths); terraformer-eval must agree.
@@ -105,7 +103,6 @@ def test_log_perplexity_matches_the_training_eval(encdec_checkpoint, capsys):
       pytest.approx(summary['log_perplexity']))
 
 
-@pytest.mark.slow
 def test_examples_fn_binding(encdec_checkpoint, capsys):
   run, ckpt, _ = encdec_checkpoint
   code, out, err = _run(
@@ -122,7 +119,6 @@ def test_examples_fn_binding(encdec_checkpoint, capsys):
       a for _, a in evaluation.paper_pairs('test')[:2]]
 
 
-@pytest.mark.slow
 def test_user_errors(encdec_checkpoint, lm_checkpoint, capsys, tmp_path):
   run, ckpt, _ = encdec_checkpoint
   lm_run, lm_ckpt, _ = lm_checkpoint

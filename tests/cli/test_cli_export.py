@@ -193,7 +193,6 @@ def test_help(capsys):
   assert code == 0 and '--logdir' in out and '--label' in out
 
 
-@pytest.mark.slow
 def test_installed_entry_point(logdirs, tmp_path):
   exe = os.path.join(os.path.dirname(sys.executable), 'terraformer-export')
   result = subprocess.run(

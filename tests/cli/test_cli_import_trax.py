@@ -52,7 +52,6 @@ def _run(capsys, *args):
   return code, captured.out, captured.err
 
 
-@pytest.mark.slow
 def test_imports_a_checkpoint_that_eval_and_decode_load(trax_checkpoint,
                                                         tmp_path, capsys):
   trax_model, path, gin_file = trax_checkpoint

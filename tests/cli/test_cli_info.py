@@ -4,8 +4,6 @@ import os
 import subprocess
 import sys
 
-import pytest
-
 import tiny_lm
 from terraformer.cli import info as info_cli
 
@@ -57,7 +55,6 @@ def test_errors(tmp_path, capsys):
   assert len(err.splitlines()) == 1
 
 
-@pytest.mark.slow
 def test_console_script_json(tmp_path):
   exe = os.path.join(os.path.dirname(sys.executable), 'terraformer-info')
   done = subprocess.run(
@@ -94,7 +91,6 @@ def test_devices_split_weights_slots_and_activations(tmp_path, capsys):
   assert code == 0 and 'does NOT fit in 1e-06 GiB per device' in out
 
 
-@pytest.mark.slow
 def test_compiled_fsdp_step_memory_falls_with_devices(tmp_path):
   """--compiled: XLA's analysis of the real FSDP step agrees with the
   shape-only plan (its arguments hold the weight and slot shards) and falls

@@ -94,7 +94,6 @@ def _run_lengths(capsys, tmp_path, *args, configs=None):
   return code, out, err
 
 
-@pytest.mark.slow
 def test_memory_grows_slower_with_length_when_pooled(tmp_path, capsys):
   one_layer = ('Terraformer.n_encoder_layers = 1\n'
                'Terraformer.n_decoder_layers = 1\n')

@@ -3,8 +3,6 @@ import glob
 import json
 import os
 
-import pytest
-
 from terraformer import config
 from terraformer.evaluation import ood
 from terraformer.cli import ood as ood_cli
@@ -94,7 +92,6 @@ def test_every_cell_config_parses():
   gin.clear_config()
 
 
-@pytest.mark.slow
 def test_tiny_table_end_to_end_then_skip(tmp_path, capsys):
   out_dir = tmp_path / 'out'
   args = ['--output_dir=' + str(out_dir),

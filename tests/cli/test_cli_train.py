@@ -137,7 +137,6 @@ def test_second_trainer_on_a_held_output_dir_is_refused(tmp_path, capsys):
     holder.wait(timeout=60)
 
 
-@pytest.mark.slow
 def test_damaged_newest_checkpoint_disk_full_and_nan(tmp_path, capsys,
                                                      monkeypatch):
   config = tiny_lm.write_config(tmp_path)
@@ -179,7 +178,6 @@ def test_damaged_newest_checkpoint_disk_full_and_nan(tmp_path, capsys,
   assert checkpoints.committed_steps(str(out_dir)) == [4, 3]
 
 
-@pytest.mark.slow
 def test_console_script_end_to_end(tmp_path):
   """The installed entry point, in a fresh process: train, then a bad run."""
   exe = os.path.join(os.path.dirname(sys.executable), 'terraformer-train')

@@ -245,7 +245,6 @@ def test_gin_configurable(vocab, docs, papers_dir):
     gin.clear_config()
 
 
-@pytest.mark.slow
 def test_aclsum_source_masks_the_real_paper_bodies(cache_dir):
   """source='aclsum': the masked batches are the validation papers' bodies,
   in split order (real corpus, real 2048-piece vocab)."""

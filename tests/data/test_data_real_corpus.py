@@ -1,13 +1,11 @@
 """End to end on the real aclsum papers: load, split, train vocab, batches."""
 import numpy as np
-import pytest
 
 from terraformer.data import aclsum_papers
 from terraformer.data import streams
 from terraformer.data import vocab as vocab_lib
 
 
-@pytest.mark.slow
 def test_real_corpus_end_to_end(cache_dir):
   papers = aclsum_papers.load_papers()
   assert len(papers) == 250

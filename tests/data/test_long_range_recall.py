@@ -212,7 +212,6 @@ def test_gin_model_vocab_matches_the_stream():
     gin.clear_config()
 
 
-@pytest.mark.slow
 def test_pyramidion_pairing_trains_a_few_steps(shared_cache_dir, papers_dir,
                                                tmp_path):
   """gin/long_input/pyramidion.gin trains on the stream (synthetic corpus)."""

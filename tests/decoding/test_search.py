@@ -382,7 +382,6 @@ def test_greedy_matches_trax_autoregressive_sample():
   np.testing.assert_array_equal(ours, theirs)
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize('make', [_tiny_lm, _tiny_encdec])
 def test_beam_scores_are_eval_log_probs(make):
   # Beam hypotheses live in reordered predict-mode caches; their scores must
@@ -409,7 +408,6 @@ def test_beam_scores_are_eval_log_probs(make):
     assert score >= greedy_score - 1e-5
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize('method, kwargs', [
     ('greedy', {}), ('beam', {'beam_size': 3})])
 def test_batched_equals_one_by_one(method, kwargs):
@@ -477,7 +475,6 @@ def test_model_max_length():
   assert decoding.model_max_length(_markov_lm(TABLE)) is None
 
 
-@pytest.mark.slow
 def test_terraformer_decoding_matches_eval_forward():
   from terraformer.models import Terraformer  # pylint: disable=g-import-not-at-top
   tiny = dict(input_vocab_size=VOCAB, d_model=32, d_ff=64, n_heads=4,
@@ -505,7 +502,6 @@ def test_terraformer_decoding_matches_eval_forward():
     np.testing.assert_allclose(score, total, rtol=1e-4)
 
 
-@pytest.mark.slow
 def test_state_donating_step_fn():
   # The default step donates (consumes) the state: same tokens as a step
   # that copies it.

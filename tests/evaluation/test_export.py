@@ -152,7 +152,6 @@ def test_errors(runs, tmp_path):
   assert not (tmp_path / 'o').exists()
 
 
-@pytest.mark.slow
 def test_export_of_a_real_training_run(tmp_path):
   """A 3-step Loop run: the exported eval metrics are its history's."""
   from trax.supervised import lr_schedules  # pylint: disable=g-import-not-at-top

@@ -183,3 +183,21 @@ def test_fallback_without_library(monkeypatch):
   assert f_tokens == tokens
   assert decode_step.describe_options(('ffi', 'float32')) == (
       'xla (kernels not built)')
+
+
+def test_kernel_benchmark_has_a_row_per_variant(monkeypatch, capsys):
+  """`python -m terraformer.benchmarks.kernels` on a small output layer (2 MB
+  of float32 weights): XLA and the kernel with float32, bfloat16 and int8
+  weights, each with the bytes it reads (smaller storage, fewer bytes)."""
+  from terraformer.benchmarks import kernels as kernel_bench  # pylint: disable=g-import-not-at-top
+  from terraformer.layers.multiplicative_dense import MultiplicativeDense  # pylint: disable=g-import-not-at-top
+  _require_kernels()
+  monkeypatch.setitem(kernel_bench.CASES, 'tiny', (
+      lambda: MultiplicativeDense(4, 2048, use_bias=True), 256))
+  kernel_bench.main(['--cases=tiny', '--repeats=1'])
+  rows = [line.split() for line in capsys.readouterr().out.splitlines()
+          if line.startswith('tiny ')]
+  assert [' '.join(r[1:3]) for r in rows] == [
+      name for name, _ in kernel_bench.VARIANTS]
+  megabytes = {' '.join(r[1:3]): float(r[r.index('MB') - 1]) for r in rows}
+  assert megabytes['ffi int8'] < megabytes['ffi bf16'] < megabytes['ffi f32']

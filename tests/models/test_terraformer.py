@@ -134,7 +134,6 @@ def test_predict_matches_eval_lsh_decoder(pad):
                         predict_drop_len=4)
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize('sparsity', [0, 4])
 def test_predict_matches_eval_full_attention(sparsity):
   _predict_matches_eval(encoder_attention_type='full',
@@ -142,7 +141,6 @@ def test_predict_matches_eval_full_attention(sparsity):
                         attention_sparsity=sparsity, predict_mem_len=16)
 
 
-@pytest.mark.slow
 def test_8k_token_training_step_fits_in_less_than_one_attention_matrix():
   """gin/tiny/terraformer_8k.gin (8192-token papers -> 256 tokens, batch 1):
   XLA's memory analysis of the compiled training step, then the step runs.

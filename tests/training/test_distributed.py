@@ -64,7 +64,6 @@ def _max_weight_difference(a, b):
   return max(float(np.max(np.abs(a[k] - b[k]))) for k in names)
 
 
-@pytest.mark.slow
 def test_sharded_over_8_devices_equals_one_device(tmp_path):
   """FSDP over 8 forced host devices == the same steps on one device."""
   sharded = _run(tmp_path / 's.npz', 8)
@@ -80,7 +79,6 @@ def test_sharded_over_8_devices_equals_one_device(tmp_path):
   assert _max_weight_difference(gathered, single) < 1e-5
 
 
-@pytest.mark.slow
 def test_two_processes_equal_one_process_of_four_devices(tmp_path):
   """2 processes x 2 devices (gloo) == 1 process x 4 devices."""
   port = _free_port()
@@ -96,7 +94,6 @@ def test_two_processes_equal_one_process_of_four_devices(tmp_path):
   assert _max_weight_difference(joined, single) < 1e-5
 
 
-@pytest.mark.slow
 def test_a_dead_process_stops_the_other_with_one_line(tmp_path):
   """Process 1 dies after step 2: process 0 ends with exit 2 and a clear
   line (after the heartbeat timeout), it does not hang (a hang is killed
@@ -121,7 +118,6 @@ def test_distributed_flag_without_a_cluster_is_one_line(tmp_path):
   assert not os.path.exists(tmp_path / 'o') and 'Traceback' not in err
 
 
-@pytest.mark.slow
 def test_a_process_that_never_joins_is_a_bounded_error(tmp_path):
   code, err = _finish(_start(
       tmp_path / 'n.npz', 1, '--num_processes=2', '--process_id=1',
@@ -222,7 +218,6 @@ def _final(out_dir, stdout):
   return [np.asarray(w) for w in weights], log_ppl
 
 
-@pytest.mark.slow
 def test_train_cli_two_processes_killed_and_resumed_equals_one_process(
     tmp_path):
   """Process 1 is killed after checkpoint 4: process 0 stops (bounded). Both are restarted (as Slurm tasks, `--distributed`): the job
@@ -294,7 +289,6 @@ def _death_lines(err):
   return [l for l in err.splitlines() if PEER_DEATH.match(l)]
 
 
-@pytest.mark.slow
 def test_the_coordinators_death_is_one_line_on_its_peer(tmp_path):
   """Process 0 (the coordinator, JAX's coordination service) is killed
   after a checkpoint: process 1 ends after the heartbeat timeout, exit 2,
@@ -377,7 +371,6 @@ def _events(out_dir, mode):
   return [f for f in os.listdir(out_dir / mode) if 'tfevents' in f]
 
 
-@pytest.mark.slow
 def test_train_cli_fsdp_over_2_processes_equals_trax_loop_and_resumes(
     tmp_path):
   """`weight_sharding='fsdp'`: 2 processes x 2 devices, every weight and

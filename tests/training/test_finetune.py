@@ -110,7 +110,6 @@ def finetuned(pretrained, tmp_path_factory):
           'weights': _flat(loop.model.weights)}
 
 
-@pytest.mark.slow
 def test_fine_tuning_starts_from_the_checkpoint_weights(pretrained,
                                                         finetuned):
   pretrain_dir, pretrained_weights = pretrained
@@ -133,7 +132,6 @@ def test_fine_tuning_starts_from_the_checkpoint_weights(pretrained,
   assert _differ(finetuned['weights'], pretrained_weights)
 
 
-@pytest.mark.slow
 def test_optimizer_state_starts_fresh(pretrained, finetuned):
   saved = checkpoint_format.read_trax_checkpoint(
       str(pretrained[0] / 'model.pkl.gz'))['slots_per_task'][0]
@@ -143,7 +141,6 @@ def test_optimizer_state_starts_fresh(pretrained, finetuned):
   assert all(not s.any() for s in slots)
 
 
-@pytest.mark.slow
 def test_resuming_takes_precedence_over_init_checkpoint(pretrained, finetuned,
                                                         capsys):
   loop = _train(finetuned['dir'], 4, seed=5,
@@ -214,7 +211,6 @@ def test_missing_checkpoint_is_an_error_before_writing(tmp_path):
   assert not output_dir.exists()
 
 
-@pytest.mark.slow
 def test_init_checkpoint_accepts_a_trax_checkpoint(tmp_path):
   """A checkpoint of Trax's ConfigurableTransformerLM, imported on the fly."""
   import sys  # pylint: disable=g-import-not-at-top

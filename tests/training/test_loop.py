@@ -243,7 +243,6 @@ _DATA_PARALLEL_SCRIPT = textwrap.dedent("""
 """)
 
 
-@pytest.mark.slow
 def test_data_parallel_on_two_devices(tmp_path):
   script = _DATA_PARALLEL_SCRIPT.format(
       tests_dir=os.path.dirname(os.path.abspath(__file__)))
@@ -306,7 +305,6 @@ def test_settings_are_the_terraformer_train_bindings():
     training.TrainSettings()  # Unbound: gin names the missing binding.
 
 
-@pytest.mark.slow
 def test_importing_training_applies_compat_fixes():
   code = ('import terraformer.training.loop; '
           'from terraformer.trax_bridge import compat; '

@@ -1,7 +1,7 @@
 """Resume sweep: N steps + N steps == 2N straight, bit-exact.
 
-For each tiny training config in gin/ (at the smallest sizes that still
-exercise its layers, through gin bindings), `terraformer.train` runs 3 steps
+For one tiny training config per resume path (at the smallest sizes that
+still exercise its layers, through gin bindings), `terraformer.train` runs 3 steps
 into one directory and is called again for 6 (it resumes from the checkpoint
 of step 3), against 6 steps straight in another directory. Evaluations
 (every 3 steps, and at step 1) and checkpoints (every 2 steps, and at the
@@ -11,12 +11,18 @@ saved before the eval drew its rngs). Every weight, state, optimizer-slot
 array and the rng must be bit-identical, and so must the train losses and
 eval metrics of steps 1, 3 and 6 (the next evaluation after the resume).
 
-FSDP (weight_sharding='fsdp', 4 forced CPU devices), Trax's Loop replicated
-over the same 4 devices, and 2 processes x 2 devices (terraformer-train, as
-tests/test_distributed.py starts it) run the sparse LM the same way, in
-subprocesses (the device count is fixed when JAX starts). The runs of this
-file share JAX's persistent compilation cache: a resumed or straight run
-reads the programs the first run compiled.
+FSDP (weight_sharding='fsdp', 4 forced CPU devices) and Trax's Loop over 2
+processes x 2 devices (terraformer-train, as tests/test_distributed.py starts
+it) run the sparse LM the same way, in subprocesses (the device count is
+fixed when JAX starts). The runs share the test session's persistent
+compilation cache (tests/conftest.py): a resumed or straight run reads the
+programs the first run compiled.
+
+Where else exact resume is checked: tests/training/test_loop.py (Trax's Loop
+on a counting stream, the restored weights), tests/training/test_soak.py
+(kill -9 while training), tests/training/test_distributed.py (2 processes
+killed and restarted as Slurm tasks against 1 process of 4 devices, and FSDP
+over 2 processes against Trax's Loop; within 1e-5, not bit-exact).
 """
 import json
 import os
@@ -25,7 +31,6 @@ import sys
 import textwrap
 
 import gin
-import jax
 import numpy as np
 import pytest
 
@@ -50,12 +55,6 @@ _LM = ['SEQ_LEN = 32', 'ScalingTransformerLM.d_model = 16',
        'ScalingTransformerLM.d_ff = 32', 'ScalingTransformerLM.n_layers = 1',
        'ScalingTransformerLM.n_heads = 2', 'ScalingTransformerLM.d_lowrank = 4',
        'ScalingTransformerLM.dropout = 0.1', 'lm_stream.batch_size = 2']
-_ENCDEC = ['ScalingTransformer.d_model = 16', 'ScalingTransformer.d_ff = 32',
-           'ScalingTransformer.n_encoder_layers = 1',
-           'ScalingTransformer.n_decoder_layers = 1',
-           'ScalingTransformer.n_heads = 2', 'ScalingTransformer.d_lowrank = 4',
-           'ScalingTransformer.dropout = 0.1', 'seq2seq_stream.input_len = 32',
-           'seq2seq_stream.target_len = 16', 'seq2seq_stream.batch_size = 2']
 _TERRAFORMER = ['Terraformer.d_model = 16', 'Terraformer.d_ff = 32',
                 'Terraformer.n_encoder_layers = 1',
                 'Terraformer.n_decoder_layers = 1', 'Terraformer.n_heads = 2',
@@ -64,20 +63,27 @@ _TERRAFORMER = ['Terraformer.d_model = 16', 'Terraformer.d_ff = 32',
 
 # config file -> bindings that shrink it (dropout 0.1 everywhere: every cell
 # draws from the loop's rng at every step, as a sparse layer's noise does).
+# A resume depends on the layers only through the state and random draws
+# they keep, and on the stream it skips the used batches of: one cell each.
+# - lm_sparse: lm_stream; sparse FF (noise drawn at every step), sparse QKV
+#   (a state), sparse loss. lm_dense, lm_sparse_ff, lm_sparse_qkv,
+#   lm_sparse_ff_qkv and soak (lm_dense at other sizes;
+#   tests/training/test_soak.py resumes it after kill -9) hold a subset of
+#   these layers, on the same loop and stream.
+# - lm_cst: composite slice attention's own dropout draws.
+# - terraformer: seq2seq_stream; LSH attention (random rotations drawn at
+#   every step), reversible layers (their backward pass draws the forward's
+#   rngs again), the low-rank SRU, and the sparse FF, QKV and loss.
+#   encdec_sparse (the same stream and sparse layers in the encoder-decoder)
+#   and pyramidion(_unpooled) (that encoder-decoder with blockwise attention
+#   and pooling, which keep no state and draw nothing while training) add
+#   no state or draw of their own.
+# - ood/copy_terraformer_sru: arithmetic_stream, here with full attention and
+#   plain residuals (LSH and reversible layers are the terraformer cell's;
+#   they compile for minutes on a loaded CPU).
 CELLS = {
-    'tiny/lm_dense.gin': _LM,
-    'tiny/lm_sparse_ff.gin': _LM,
-    'tiny/lm_sparse_qkv.gin': _LM,
-    'tiny/lm_sparse_ff_qkv.gin': _LM,
     'tiny/lm_sparse.gin': _LM,
     'tiny/lm_cst.gin': _LM,
-    'tiny/soak.gin': ['lm_stream.batch_size = 2'],
-    'tiny/encdec_sparse.gin': _ENCDEC,
-    'tiny/pyramidion.gin': _ENCDEC + [
-        'seq2seq_stream.input_len = 64', 'ScalingTransformer.block_len = 16',
-        'ScalingTransformer.encoder_pooling = {0: 16}'],
-    'tiny/pyramidion_unpooled.gin': _ENCDEC + [
-        'seq2seq_stream.input_len = 64', 'ScalingTransformer.block_len = 16'],
     'tiny/terraformer.gin': _TERRAFORMER + [
         'INPUT_LEN = 32', 'TARGET_LEN = 16', 'Terraformer.lsh_chunk_len = 16',
         'Terraformer.predict_mem_len = 48', 'Terraformer.predict_drop_len = 16',
@@ -86,38 +92,11 @@ CELLS = {
         'arithmetic_stream.train_max_digits = 3',
         'arithmetic_stream.eval_min_digits = 6',
         'arithmetic_stream.eval_max_digits = 7',
-        'arithmetic_stream.batch_size = 2'],
+        'arithmetic_stream.batch_size = 2',
+        "Terraformer.encoder_attention_type = 'full'",
+        "Terraformer.decoder_attention_type = 'full'",
+        'Terraformer.reversible = False'],
 }
-
-
-_CACHE_FLAGS = ('jax_compilation_cache_dir',
-                'jax_persistent_cache_min_compile_time_secs',
-                'jax_persistent_cache_min_entry_size_bytes')
-
-
-def use_compilation_cache(directory):
-  """Turns JAX's persistent compilation cache on (`directory`) or off
-  (None); returns the previous flag values. The resumed and the straight
-  run compile the programs of the first run again (a new Loop jits new
-  functions): with the cache they read them back."""
-  from jax._src import compilation_cache as cache  # pylint: disable=g-import-not-at-top
-  saved = [getattr(jax.config, name) for name in _CACHE_FLAGS]
-  values = (directory, 0.0, 0) if directory else (None, 1.0, 0)
-  for name, value in zip(_CACHE_FLAGS, values):
-    jax.config.update(name, value)
-  cache.reset_cache()
-  return saved
-
-
-@pytest.fixture(scope='module', autouse=True)
-def compilation_cache(tmp_path_factory):
-  """The persistent compilation cache, for this module's runs only."""
-  from jax._src import compilation_cache as cache  # pylint: disable=g-import-not-at-top
-  saved = use_compilation_cache(str(tmp_path_factory.mktemp('jax_cache')))
-  yield
-  for name, value in zip(_CACHE_FLAGS, saved):
-    jax.config.update(name, value)
-  cache.reset_cache()
 
 
 def _parse(config, bindings):
@@ -176,14 +155,16 @@ def resume_equals_straight(config, bindings, tmp_path):
   return resumed, straight
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize('config', sorted(CELLS))
 def test_resume_equals_straight(config, tmp_path):
   resume_equals_straight(config, CELLS[config], tmp_path)
 
 
 # Multi-device and multi-process cells: the sparse LM (random draws in its
-# sparse FF and dropout), batch 4 (2 rows per process, 1 per device).
+# sparse FF and dropout), batch 4 (2 rows per process, 1 per device). Trax's
+# Loop over 4 devices of one process has no cell of its own: the 2-process
+# cell runs it over each process's 2 devices (pmap, an rng per device) and
+# adds the multi-process restore.
 SPARSE = 'tiny/lm_sparse.gin'
 SPARSE_4 = CELLS[SPARSE] + ['lm_stream.batch_size = 4']
 TIMEOUT_S = 900
@@ -193,22 +174,19 @@ _DEVICES_SCRIPT = textwrap.dedent("""
     sys.path.insert(0, {tests_dir!r})
     import jax
     import test_resume_sweep as t
-    t.use_compilation_cache({cache!r})
-    out = pathlib.Path(sys.argv[1])
-    fsdp = ["terraformer.train.weight_sharding = 'fsdp'"]
-    for name, extra in [('fsdp', fsdp), ('replicated', [])]:
-      resumed, _ = t.resume_equals_straight(
-          t.SPARSE, t.SPARSE_4 + extra, out / name)
-      print('CELL', name, jax.local_device_count(), type(resumed).__name__,
-            flush=True)
+    from terraformer import runtime
+    runtime.use_compilation_cache(runtime.compilation_cache_dir())
+    resumed, _ = t.resume_equals_straight(
+        t.SPARSE, t.SPARSE_4 + ["terraformer.train.weight_sharding = 'fsdp'"],
+        pathlib.Path(sys.argv[1]))
+    print('CELL fsdp', jax.local_device_count(), type(resumed).__name__,
+          flush=True)
 """)
 
 
-@pytest.mark.slow
-def test_fsdp_and_replicated_over_4_devices_resume_exactly(tmp_path):
+def test_fsdp_over_4_devices_resumes_exactly(tmp_path):
   script = _DEVICES_SCRIPT.format(
-      tests_dir=os.path.dirname(os.path.abspath(__file__)),
-      cache=str(tmp_path / 'jax_cache'))
+      tests_dir=os.path.dirname(os.path.abspath(__file__)))
   env = dict(os.environ, XLA_FLAGS=distributed.force_host_devices(4),
              JAX_PLATFORMS='cpu')
   out = subprocess.run([sys.executable, '-c', script, str(tmp_path)],
@@ -217,8 +195,7 @@ def test_fsdp_and_replicated_over_4_devices_resume_exactly(tmp_path):
   assert out.returncode == 0, (out.stdout[-2000:], out.stderr[-3000:])
   cells = [l.split()[1:] for l in out.stdout.splitlines()
            if l.startswith('CELL ')]
-  assert cells == [['fsdp', '4', 'FsdpLoop'],
-                   ['replicated', '4', '_CheckpointedLoop']]
+  assert cells == [['fsdp', '4', 'FsdpLoop']]
 
 
 def read_checkpoint(output_dir):
@@ -231,13 +208,13 @@ def read_checkpoint(output_dir):
   return checkpoints.CheckpointStore(str(output_dir)).restore(shapes)
 
 
-def _two_processes(output_dir, steps, cache):
-  """terraformer-train as 2 processes x 2 devices (Trax's Loop)."""
+def _two_processes(output_dir, steps):
+  """terraformer-train as 2 processes x 2 devices (Trax's Loop); the CLI
+  keeps its programs in the session's compilation cache."""
   from test_distributed import _free_port  # pylint: disable=g-import-not-at-top
   port = _free_port()
   env = dict(os.environ, XLA_FLAGS=distributed.force_host_devices(2),
-             JAX_PLATFORMS='cpu', JAX_COMPILATION_CACHE_DIR=str(cache),
-             JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS='0')
+             JAX_PLATFORMS='cpu')
   args = [f'--config={b}' for b in SPARSE_4 + SCHEDULE]
   return [subprocess.Popen(
       [sys.executable, '-m', 'terraformer.cli.train',
@@ -261,14 +238,12 @@ def _eval_lines(stdout, step):
           if l.startswith(f'Step {step:6d}: eval ')]
 
 
-@pytest.mark.slow
 def test_two_processes_resume_exactly(tmp_path):
   resumed, straight = tmp_path / 'resumed', tmp_path / 'straight'
-  cache = tmp_path / 'jax_cache'
-  out_first = _finish(_two_processes(resumed, N, cache))
+  out_first = _finish(_two_processes(resumed, N))
   assert f'Training steps 1..{N}' in out_first
-  out_straight = _finish(_two_processes(straight, 2 * N, cache))
-  out_resumed = _finish(_two_processes(resumed, 2 * N, cache))
+  out_straight = _finish(_two_processes(straight, 2 * N))
+  out_resumed = _finish(_two_processes(resumed, 2 * N))
   assert f'Resuming from checkpoint at step {N}' in out_resumed
   assert '(2 processes, 4 devices in all)' in out_resumed
   (step_a, a, meta_a), (step_b, b, meta_b) = (

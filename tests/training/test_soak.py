@@ -1,12 +1,10 @@
 """terraformer.training.soak, bounded: 2 kill -9s of a tiny run, each resume checked."""
 import os
 
-import pytest
-
+from terraformer.checkpoint import store as checkpoints
 from terraformer.training import soak
 
 
-@pytest.mark.slow
 def test_two_kills_resume_exactly_with_random_draws(tmp_path, capsys):
   # RANDOM_DRAWS: sparse layers and dropout draw from the loop's rng at every
   # step and eval (eval_every=1 in soak.gin: every checkpoint is at an eval
@@ -26,3 +24,18 @@ def test_two_kills_resume_exactly_with_random_draws(tmp_path, capsys):
   assert len(kills) == 2 and all(l.endswith(': ok') for l in kills)
   reference = [l for l in out if l.startswith('reference: ')]
   assert reference and 'step 12/12 | train loss ' in reference[0]
+
+
+def test_an_interrupted_save_is_told_from_a_committed_one(tmp_path):
+  """`_leftovers`: how the soak tells a kill mid-save (a checkpoint folder
+  without its commit marker, or a temporary file) from a clean one."""
+  folder = tmp_path / checkpoints.CHECKPOINTS
+  assert not soak._leftovers(str(tmp_path))  # pylint: disable=protected-access
+  (folder / '3').mkdir(parents=True)
+  (folder / '3' / checkpoints.MARKER).write_text('')
+  assert not soak._leftovers(str(tmp_path))  # pylint: disable=protected-access
+  (folder / '6').mkdir()
+  assert soak._leftovers(str(tmp_path))  # pylint: disable=protected-access
+  (folder / '6' / checkpoints.MARKER).write_text('')
+  (tmp_path / 'model.pkl.gz.tmp-1').write_text('')
+  assert soak._leftovers(str(tmp_path))  # pylint: disable=protected-access

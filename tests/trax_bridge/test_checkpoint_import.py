@@ -183,7 +183,6 @@ def _trax_terraformer_checkpoint(tmp_path, variant, seed=6):
   return model, path
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize('variant', sorted(TERRAFORMER_VARIANTS))
 def test_terraformer_import_matches_trax(variant, tmp_path):
   trax_model, path = _trax_terraformer_checkpoint(tmp_path, variant)
@@ -213,7 +212,6 @@ def test_terraformer_import_matches_trax(variant, tmp_path):
   np.testing.assert_array_equal(np.asarray(got_tokens), want_tokens)
 
 
-@pytest.mark.slow
 def test_mismatched_terraformer_checkpoint_names_the_first_weight(tmp_path):
   _, path = _trax_terraformer_checkpoint(tmp_path, 'full')
   _, ours = TERRAFORMER_VARIANTS['full']
@@ -231,7 +229,6 @@ def test_mismatched_terraformer_checkpoint_names_the_first_weight(tmp_path):
   assert 'checkpoint (16, 32) vs expected (16, 48)' in message
 
 
-@pytest.mark.slow
 def test_terraformer_lsh_import_matches_trax_with_the_same_hashing(tmp_path):
   """LSH in both stacks, eval mode: equal when Trax hashes with our keys.
 

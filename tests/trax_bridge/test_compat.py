@@ -197,7 +197,6 @@ _MULTI_DEVICE_SCRIPT = textwrap.dedent("""
 """)
 
 
-@pytest.mark.slow
 def test_multi_device_replication_and_step():
   env = dict(os.environ, XLA_FLAGS='--xla_force_host_platform_device_count=2',
              JAX_PLATFORMS='cpu')
