@@ -159,14 +159,15 @@ def _matches(test_id, entry):
       entry + ('[' if '::' in entry else '::'))
 
 
-def mark_slow(items, slow=SLOW):
+def mark_slow(items, slow=SLOW, partly_collected=()):
   """Marks the items that `slow` names; returns what is wrong with the list
   (lines for tests/test_tiers.py): entries that match no test of their
-  (collected) file, tests a decorator marked slow."""
+  collected file (not of a file in `partly_collected`, of which the command
+  line named some tests), tests a decorator marked slow."""
   ids = [_test_id(i) for i in items]
   problems = [f'{i}: marked by a decorator, not by SLOW in tests/conftest.py'
               for i, item in zip(ids, items) if item.get_closest_marker('slow')]
-  files = {i.split('::')[0] for i in ids}
+  files = {i.split('::')[0] for i in ids} - set(partly_collected)
   problems += [f'SLOW in tests/conftest.py: {e!r} matches no test'
                for e in slow if e.split('::')[0] in files
                and not any(_matches(i, e) for i in ids)]
@@ -181,8 +182,11 @@ SLOW_PROBLEMS = []
 
 
 @pytest.hookimpl(tryfirst=True)  # Before `-m` deselects by marker.
-def pytest_collection_modifyitems(items):
-  SLOW_PROBLEMS[:] = mark_slow(items)
+def pytest_collection_modifyitems(config, items):
+  here = os.path.dirname(os.path.abspath(__file__))
+  named = {os.path.relpath(os.path.abspath(a.split('::')[0]), here).replace(
+      os.sep, '/') for a in config.args if '::' in a}
+  SLOW_PROBLEMS[:] = mark_slow(items, partly_collected=named)
 
   def rank(item):
     path = str(item.fspath).replace('\\', '/')

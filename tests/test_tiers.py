@@ -164,8 +164,11 @@ def test_a_stale_slow_entry_or_a_decorator_is_found(conftest):
   items = _items('a/test_x.py::test_one', 'a/test_x.py::test_two')
   assert conftest.mark_slow(items, ('a/test_x.py::test_gone',)) == [
       "SLOW in tests/conftest.py: 'a/test_x.py::test_gone' matches no test"]
-  # An entry of a file that was not collected (a run of other files) is not.
+  # An entry of a file that was not collected (a run of other files) is not,
+  # nor one of a file whose tests the command line named.
   assert conftest.mark_slow(items, ('b/test_other.py::test_gone',)) == []
+  assert conftest.mark_slow(items, ('a/test_x.py::test_three',),
+                            partly_collected=['a/test_x.py']) == []
   assert conftest.mark_slow(_items('a/test_x.py::test_one', decorated=[
       'a/test_x.py::test_one']), ()) == [
           'a/test_x.py::test_one: marked by a decorator, not by SLOW in '

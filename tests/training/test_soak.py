@@ -10,8 +10,11 @@ def test_two_kills_resume_exactly_with_random_draws(tmp_path, capsys):
   # step and eval (eval_every=1 in soak.gin: every checkpoint is at an eval
   # step), so the final comparison with the run that never resumed fails if a
   # checkpoint holds another rng than the uninterrupted run has there.
+  # 60 steps: a run loads its compiled programs from the compilation cache
+  # and trains 12 steps in under max_delay, so that a kill could land after
+  # the last step and leave nothing to resume.
   summary, failures = soak.soak(
-      str(tmp_path), kills=2, steps=12, checkpoint_every=3, max_delay=2.0,
+      str(tmp_path), kills=2, steps=60, checkpoint_every=3, max_delay=2.0,
       seed=0, config_file=os.path.join(soak._GIN_DIR, 'tiny', 'soak.gin'),  # pylint: disable=protected-access
       bindings=soak.RANDOM_DRAWS)
   assert failures == []
@@ -23,7 +26,7 @@ def test_two_kills_resume_exactly_with_random_draws(tmp_path, capsys):
   kills = [l for l in out if l.startswith('kill ')]
   assert len(kills) == 2 and all(l.endswith(': ok') for l in kills)
   reference = [l for l in out if l.startswith('reference: ')]
-  assert reference and 'step 12/12 | train loss ' in reference[0]
+  assert reference and 'step 60/60 | train loss ' in reference[0]
 
 
 def test_an_interrupted_save_is_told_from_a_committed_one(tmp_path):
