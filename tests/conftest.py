@@ -11,6 +11,11 @@ inherit the environment):
   the xdist workers and kept between runs; TERRAFORMER_COMPILATION_CACHE, if
   set, names another directory or `off`): tests that compile the same tiny
   models load what another test compiled.
+- XLA compiles without its expensive optimisation passes
+  (COMPILE_FLAGS): the suite's programs are tiny models run for a few steps,
+  where compiling at the default level costs more than it saves (a resume
+  test: 46 s at the default level, 27 s with these flags). The programs
+  compute the same functions; only fusion and code generation differ.
 - XLA's CPU rendezvous waits longer: on a loaded machine (2 cores, load 5-7)
   the threads of 4 forced host devices reached an all-reduce more than 40 s
   apart, and XLA ended the process ("Termination timeout for `all reduce
@@ -32,9 +37,12 @@ RENDEZVOUS_FLAGS = ('--xla_cpu_collective_call_warn_stuck_timeout_seconds=120',
 os.environ.setdefault(runtime.COMPILATION_CACHE_ENV,
                       os.path.join(ROOT, '.pytest_compilation_cache'))
 runtime.use_compilation_cache(runtime.compilation_cache_dir())
+COMPILE_FLAGS = ('--xla_backend_optimization_level=0',
+                 '--xla_llvm_disable_expensive_passes=true')
+
 os.environ['XLA_FLAGS'] = ' '.join(
     [os.environ.get('XLA_FLAGS', '')] +
-    [f for f in RENDEZVOUS_FLAGS
+    [f for f in RENDEZVOUS_FLAGS + COMPILE_FLAGS
      if f.split('=')[0] not in os.environ.get('XLA_FLAGS', '')]).strip()
 
 # The `slow` tier: tests that take more than ~10 s (call and setup) in a run

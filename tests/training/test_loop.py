@@ -21,6 +21,7 @@ from trax.supervised import lr_schedules
 from terraformer.checkpoint import format as checkpoint_format
 from terraformer.checkpoint import store as checkpoints
 from terraformer.trax_bridge import compat
+from terraformer import distributed
 from terraformer import errors
 from terraformer.training import loop as training
 from terraformer.training import run_lock
@@ -246,7 +247,7 @@ _DATA_PARALLEL_SCRIPT = textwrap.dedent("""
 def test_data_parallel_on_two_devices(tmp_path):
   script = _DATA_PARALLEL_SCRIPT.format(
       tests_dir=os.path.dirname(os.path.abspath(__file__)))
-  env = dict(os.environ, XLA_FLAGS='--xla_force_host_platform_device_count=2',
+  env = dict(os.environ, XLA_FLAGS=distributed.force_host_devices(2),
              JAX_PLATFORMS='cpu')
   out = subprocess.run([sys.executable, '-c', script, str(tmp_path)], env=env,
                        capture_output=True, text=True, timeout=400)

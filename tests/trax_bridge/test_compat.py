@@ -18,6 +18,7 @@ from trax import shapes
 from trax.layers.research import efficient_attention as ea
 from trax.supervised import training
 
+from terraformer import distributed
 from terraformer.trax_bridge import compat
 
 compat.apply()
@@ -198,7 +199,7 @@ _MULTI_DEVICE_SCRIPT = textwrap.dedent("""
 
 
 def test_multi_device_replication_and_step():
-  env = dict(os.environ, XLA_FLAGS='--xla_force_host_platform_device_count=2',
+  env = dict(os.environ, XLA_FLAGS=distributed.force_host_devices(2),
              JAX_PLATFORMS='cpu')
   out = subprocess.run([sys.executable, '-c', _MULTI_DEVICE_SCRIPT], env=env,
                        capture_output=True, text=True, timeout=300, check=True)
