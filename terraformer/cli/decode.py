@@ -3,7 +3,8 @@
   terraformer-decode --config_file=F --output_dir=CKPT_DIR
       (--input=TEXT | --input_file=FILE [--whole_file])
       [--method=greedy|sample|beam] [--temperature=T] [--top_k=K]
-      [--top_p=P] [--beam_size=B] [--length_penalty=A] [--max_length=N]
+      [--top_p=P] [--beam_size=B] [--length_penalty=A] [--no_repeat_ngram=N]
+      [--max_length=N]
       [--seed=S] [--batch_size=N] [--input_len=N] [--truncate]
 
 Loads `CKPT_DIR/model.pkl.gz` (written by terraformer-train with the same
@@ -61,6 +62,9 @@ def _define_flags(flag_values):
          lower_bound=1)
   define(flags.DEFINE_float, 'length_penalty', 0.0,
          'Beam score log_p / ((5 + len) / 6) ** alpha; this is alpha.')
+  define(flags.DEFINE_integer, 'no_repeat_ngram', 0,
+         'N > 0: no output repeats one of its own token N-grams (0: off, as '
+         'Trax).', lower_bound=0)
   define(flags.DEFINE_integer, 'max_length', None,
          'Most tokens to generate; default the training target length, '
          'else 128.', lower_bound=1)
@@ -205,6 +209,7 @@ def _decode(flag_values):
                 temperature=flag_values.temperature, top_k=flag_values.top_k,
                 top_p=flag_values.top_p, beam_size=flag_values.beam_size,
                 length_penalty=flag_values.length_penalty,
+                no_repeat_ngram=flag_values.no_repeat_ngram,
                 eos_id=vocab.eos_id, seed=flag_values.seed)
   if encoder_decoder:
     kwargs['input_length'] = input_len

@@ -3,7 +3,7 @@
   terraformer-eval --config_file=F --output_dir=CKPT_DIR [--split=test]
       [--max_examples=N] [--method=sample|greedy|beam] [--temperature=0.5]
       [--top_k=K] [--top_p=P] [--beam_size=B] [--length_penalty=A]
-      [--max_length=N] [--input_len=N] [--batch_size=N] [--seed=S]
+      [--no_repeat_ngram=N] [--max_length=N] [--input_len=N] [--batch_size=N] [--seed=S]
       [--[no]baselines] [--print_examples=N]
 
 Decodes the articles of a split with the checkpoint in CKPT_DIR and reports
@@ -32,7 +32,8 @@ from terraformer.cli import decode as decode_cli
 PROG = 'terraformer-eval'
 # Flags passed to `evaluate` when given (None: the gin binding or default).
 _EVALUATE_FLAGS = ('split', 'max_examples', 'method', 'temperature', 'top_k',
-                   'top_p', 'beam_size', 'length_penalty', 'max_length',
+                   'top_p', 'beam_size', 'length_penalty', 'no_repeat_ngram',
+                   'max_length',
                    'input_len', 'batch_size', 'seed', 'baselines')
 
 
@@ -53,6 +54,9 @@ def _define_flags(flag_values):
   define(flags.DEFINE_integer, 'beam_size', 'Beams (method=beam).',
          lower_bound=1)
   define(flags.DEFINE_float, 'length_penalty', 'Beam length penalty alpha.')
+  define(flags.DEFINE_integer, 'no_repeat_ngram',
+         'N > 0: no summary repeats one of its own token N-grams (default 0, '
+         'as Trax).', lower_bound=0)
   define(flags.DEFINE_integer, 'max_length',
          'Most decoded tokens (default the training target length).',
          lower_bound=1)
@@ -94,7 +98,9 @@ def format_summary(summary):
            f'{summary["split"]!r}, checkpoint step {summary["step"]}, '
            f'method {summary["method"]}'
            + (f' (temperature {summary["temperature"]})'
-              if summary['method'] == 'sample' else '')]
+              if summary['method'] == 'sample' else '')
+           + (f', no repeated {summary["no_repeat_ngram"]}-grams'
+              if summary.get('no_repeat_ngram') else '')]
   rows = [('model', summary, summary.get('prediction_words'))]
   rows += [(_baseline_label(name, scores, summary), scores, scores['words'])
            for name, scores in summary.get('baselines', {}).items()]

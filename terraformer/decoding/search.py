@@ -281,8 +281,35 @@ def sampling_log_probs(logits, temperature=1.0, top_k=0, top_p=1.0):
   return log_probs
 
 
+def repeated_ngram_tokens(tokens, n):
+  """Tokens that would repeat an n-gram of `tokens` if appended next.
+
+  fairseq's `--no-repeat-ngram-size` rule: the next token t is banned when
+  `tokens[-(n-1):] + [t]` already occurs in `tokens`. n = 0 bans nothing;
+  n = 1 bans every token already present.
+  """
+  tokens = [int(t) for t in tokens]
+  if n < 1 or len(tokens) < n - 1:
+    return set()
+  if n == 1:
+    return set(tokens)
+  prefix = tokens[len(tokens) - (n - 1):]
+  return {tokens[i + n - 1] for i in range(len(tokens) - n + 1)
+          if tokens[i:i + n - 1] == prefix}
+
+
+def _ban_repeats(log_probs, tokens, n):
+  """log_probs [V] with the tokens that repeat an n-gram set to -inf."""
+  banned = repeated_ngram_tokens(tokens, n)
+  if not banned:
+    return log_probs
+  log_probs = log_probs.copy()
+  log_probs[list(banned)] = -np.inf
+  return log_probs
+
+
 def _check_args(method, max_length, temperature, top_k, top_p, beam_size,
-                length_penalty):
+                length_penalty, no_repeat_ngram=0):
   if method not in METHODS:
     raise errors.TerraformerError(
         f'unknown decoding method {method!r}; expected one of {METHODS}')
@@ -305,6 +332,10 @@ def _check_args(method, max_length, temperature, top_k, top_p, beam_size,
   if method != 'sample' and (top_k or top_p < 1.0):
     raise errors.TerraformerError(
         f'top_k/top_p apply to method=sample, not method={method}')
+  if (not isinstance(no_repeat_ngram, (int, np.integer)) or
+      no_repeat_ngram < 0):
+    raise errors.TerraformerError(
+        f'no_repeat_ngram must be an integer >= 0, got {no_repeat_ngram!r}')
 
 
 class _Runner:
@@ -377,7 +408,7 @@ def decode(model, inputs=None, max_length=100, method='greedy',
            temperature=1.0, top_k=0, top_p=1.0, beam_size=4,
            length_penalty=0.0, eos_id=1, pad_id=0, seed=0, batch_size=None,
            input_length=None, progress=None, step_fn=None,
-           return_scores=False):
+           return_scores=False, no_repeat_ngram=0):
   """Decodes a batch autoregressively with a predict-mode model.
 
   Args:
@@ -410,28 +441,34 @@ def decode(model, inputs=None, max_length=100, method='greedy',
       `default_step_fn(model)`.
     return_scores: also return per-row log-probabilities of the output (the
       beam score, length penalty included, for 'beam').
+    no_repeat_ngram: n > 0: a row never repeats one of its own token
+      n-grams (`repeated_ngram_tokens`; the LM prompt excluded), for every
+      method: the banned tokens get probability 0 before the choice.
+      Trax's decoding has no such rule; 0 (the default) decodes as Trax.
 
   Returns:
     int32 array [B, T]; with `return_scores`, (array, float64 scores [B]).
   """
   _check_args(method, max_length, temperature, top_k, top_p, beam_size,
-              length_penalty)
+              length_penalty, no_repeat_ngram)
   encoder_inputs, prompts, batch = _prepare(model, inputs, batch_size,
                                             max_length, input_length, pad_id)
   if method == 'beam':
     tokens, scores = _beam_search(model, encoder_inputs, prompts, batch,
                                   max_length, beam_size, length_penalty,
-                                  eos_id, pad_id, progress, step_fn)
+                                  eos_id, pad_id, progress, step_fn,
+                                  no_repeat_ngram)
   else:
     temperature = temperature if method == 'sample' else 0.0
     tokens, scores = _sample(model, encoder_inputs, prompts, batch,
                              max_length, temperature, top_k, top_p, eos_id,
-                             pad_id, seed, progress, step_fn)
+                             pad_id, seed, progress, step_fn, no_repeat_ngram)
   return (tokens, scores) if return_scores else tokens
 
 
 def _sample(model, encoder_inputs, prompts, batch, max_length, temperature,
-            top_k, top_p, eos_id, pad_id, seed, progress, step_fn):
+            top_k, top_p, eos_id, pad_id, seed, progress, step_fn,
+            no_repeat_ngram=0):
   """Greedy (temperature 0) or sampled decoding; returns (tokens, scores)."""
   run = _Runner(model, encoder_inputs, batch, step_fn)
   rng = np.random.default_rng(seed)
@@ -446,12 +483,17 @@ def _sample(model, encoder_inputs, prompts, batch, max_length, temperature,
     for t in range(total):
       log_probs = run(prev)
       bar.update(1)
+      allowed = log_probs
+      if no_repeat_ngram:
+        allowed = np.stack([
+            _ban_repeats(log_probs[b], out[b, :n_out[b]], no_repeat_ngram)
+            for b in range(batch)])
       if temperature > 0:
-        probs = sampling_log_probs(log_probs, temperature, top_k, top_p)
+        probs = sampling_log_probs(allowed, temperature, top_k, top_p)
         gumbel = -np.log(-np.log(rng.uniform(1e-12, 1.0, probs.shape)))
         chosen = np.argmax(probs + gumbel, axis=-1)
       else:
-        chosen = np.argmax(log_probs, axis=-1)
+        chosen = np.argmax(allowed, axis=-1)
       prev = np.zeros(batch, np.int32)
       for b in range(batch):
         if t < prompt_len[b]:
@@ -473,7 +515,7 @@ def _length_penalty(length, alpha):
 
 
 def _beam_search(model, encoder_inputs, prompts, batch, max_length, beam_size,
-                 alpha, eos_id, pad_id, progress, step_fn):
+                 alpha, eos_id, pad_id, progress, step_fn, no_repeat_ngram=0):
   """Beam search; returns (best tokens [B, T], their scores [B]).
 
   Each row keeps `beam_size` alive hypotheses (no EOS yet) and the
@@ -515,7 +557,12 @@ def _beam_search(model, encoder_inputs, prompts, batch, max_length, beam_size,
         if done[b]:
           prev[b] = pad_id
           continue
-        cand = (alive_lp[b][:, None] + log_probs[b]).reshape(-1)
+        step_lp = log_probs[b]
+        if no_repeat_ngram:
+          step_lp = np.stack([
+              _ban_repeats(step_lp[j], alive[b, j, :g], no_repeat_ngram)
+              for j in range(k)])
+        cand = (alive_lp[b][:, None] + step_lp).reshape(-1)
         top = np.argsort(-cand, kind='stable')[:2 * k]
         new_alive, new_lp, new_parents, new_tokens = [], [], [], []
         for idx in top:

@@ -281,8 +281,8 @@ def _pad_rows(rows, length):
 def evaluate(output_dir, model=None, examples_fn=paper_pairs, split='test',
              max_examples=None, input_len=None, max_length=None,
              method='sample', temperature=0.5, top_k=0, top_p=1.0,
-             beam_size=4, length_penalty=0.0, seed=0, batch_size=8,
-             use_stemmer=True, baselines=True, baseline_k=3,
+             beam_size=4, length_penalty=0.0, no_repeat_ngram=0, seed=0,
+             batch_size=8, use_stemmer=True, baselines=True, baseline_k=3,
              baseline_seed=0, fluency=True, fluency_split='train',
              fluency_max_examples=10000, progress=True):
   """Decodes a summarization split and scores it; writes JSONL + JSON.
@@ -304,7 +304,8 @@ def evaluate(output_dir, model=None, examples_fn=paper_pairs, split='test',
       model's maximum length.
     max_length: most decoded tokens; default the bound `target_len` of those
       streams, else 256. Also the reference length for the perplexity.
-    method, temperature, top_k, top_p, beam_size, length_penalty, seed: see
+    method, temperature, top_k, top_p, beam_size, length_penalty,
+    no_repeat_ngram, seed: see
       `terraformer.decoding.search.decode`; the default is the paper's "greedy
       decoding with temperature 0.5" (sampling at T=0.5, seed 0); use
       method='greedy' for the argmax.
@@ -368,7 +369,8 @@ def evaluate(output_dir, model=None, examples_fn=paper_pairs, split='test',
       predict_model, inputs, batch_size=batch_size, progress=progress,
       max_length=max_length, method=method, temperature=temperature,
       top_k=top_k, top_p=top_p, beam_size=beam_size,
-      length_penalty=length_penalty, eos_id=vocab.eos_id, seed=seed,
+      length_penalty=length_penalty, no_repeat_ngram=no_repeat_ngram,
+      eos_id=vocab.eos_id, seed=seed,
       input_length=input_len)
   decode_seconds = time.time() - decode_start
   predictions = [loading_vocab.detokenize(vocab, ids) for ids in outputs]
@@ -428,7 +430,7 @@ def evaluate(output_dir, model=None, examples_fn=paper_pairs, split='test',
       'top_k': top_k, 'top_p': top_p,
       'beam_size': beam_size if method == 'beam' else None,
       'length_penalty': length_penalty if method == 'beam' else None,
-      'seed': seed, 'batch_size': batch_size, 'use_stemmer': use_stemmer,
+      'no_repeat_ngram': no_repeat_ngram, 'seed': seed, 'batch_size': batch_size, 'use_stemmer': use_stemmer,
       'sentence_splitter': sentence_splitter_name(),
       'prediction_words': float(np.mean([word_count(p) for p in predictions])),
       'reference_words': float(np.mean([word_count(r) for r in references])),

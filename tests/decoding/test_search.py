@@ -163,6 +163,57 @@ def test_max_length_stops():
   np.testing.assert_array_equal(out, [[2, 3, EOS]])
 
 
+@pytest.mark.parametrize('tokens, n, banned', [
+    ([7, 8, 7], 2, {8}),          # "7 8" seen: after 7, 8 would repeat it.
+    ([7, 8, 7, 9, 7], 2, {8, 9}),
+    ([7, 8, 9, 7, 8], 3, {9}),    # "7 8 9" seen: after "7 8", 9 repeats.
+    ([7, 8, 9, 7, 9], 3, set()),  # "7 9" starts no trigram yet.
+    ([7, 8], 1, {7, 8}),
+    ([7, 8, 7], 0, set()),
+    ([7], 3, set()),
+])
+def test_repeated_ngram_tokens(tokens, n, banned):
+  assert decoding.repeated_ngram_tokens(tokens, n) == banned
+
+
+def test_no_repeat_ngram_leaves_the_loop():
+  # Greedy from prompt [4] loops 5 4 5 4 ...; with no repeated bigram, after
+  # "5 4 5" the 4 is banned (the most probable of the rest is token 0), and
+  # the chain 0 -> 2 -> 3 -> EOS follows.
+  model = _markov_lm(_eos_chain())
+  out = decoding.decode(model, [[4]], max_length=8, eos_id=EOS,
+                        no_repeat_ngram=2)
+  np.testing.assert_array_equal(out, [[5, 4, 5, 0, 2, 3, EOS]])
+  out = decoding.decode(model, [[4]], max_length=8, eos_id=EOS)
+  np.testing.assert_array_equal(out, [[5, 4, 5, 4, 5, 4, 5, 4]])
+
+
+
+def _bigrams(row):
+  return list(zip(row, row[1:]))
+
+
+@pytest.mark.parametrize('method', ['greedy', 'beam'])
+def test_no_repeated_bigram_in_a_long_output(method):
+  model = _markov_lm(TABLE)  # Its argmax chain loops within 6 tokens.
+  kwargs = dict(max_length=12, eos_id=None, method=method, beam_size=3)
+  plain = decoding.decode(model, [[]], **kwargs)[0].tolist()
+  assert len(set(_bigrams(plain))) < len(_bigrams(plain))
+  out = decoding.decode(model, [[]], no_repeat_ngram=2, **kwargs)[0].tolist()
+  assert len(out) == 12
+  assert len(set(_bigrams(out))) == len(_bigrams(out))
+
+
+def test_sampling_never_draws_a_banned_token():
+  model = _markov_lm(np.zeros((V, V)))  # Uniform: every token is likely.
+  out = decoding.decode(model, None, batch_size=200, max_length=V,
+                        method='sample', eos_id=None, no_repeat_ngram=1)
+  assert all(len(set(row)) == V for row in out.tolist())  # No token twice.
+  plain = decoding.decode(model, None, batch_size=200, max_length=V,
+                          method='sample', eos_id=None)
+  assert any(len(set(row)) < V for row in plain.tolist())
+
+
 def _beam_trap():
   """Greedy takes 2 (p .6) then EOS with p .2; beam finds 3 (p .4), EOS .99."""
   table = np.full((V, V), -30.0)
@@ -260,6 +311,7 @@ def test_custom_step_fn_is_called_once_per_token():
     (dict(method='sample', top_k=-2), 'top_k'),
     (dict(method='beam', beam_size=0), 'beam_size'),
     (dict(method='greedy', top_k=3), 'top_k/top_p apply to method=sample'),
+    (dict(no_repeat_ngram=-1), 'no_repeat_ngram'),
     (dict(max_length=100), 'maximum length'),
 ])
 def test_bad_arguments(kwargs, message):
