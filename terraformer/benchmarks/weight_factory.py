@@ -94,13 +94,16 @@ def random_weights(weight_shapes, seed=0, model=None):
 
 def random_stored_matrix(shape, storage, rng):
   """(matrix, (row scales,) or ()): a random N(0, 1/shape[0]) matrix of
-  `shape` created directly in `storage`, as `kernel_layers._store` stores one.
+  `shape` created directly in `storage`, as `kernel_layers._store` stores one
+  ('q8': packed, `_random_q8_matrix`).
 
   A block of whole rows (at most RANDOM_BLOCK values) is drawn in float32
   and stored (int8: `kernel_layers.quantize_rows`, so each row spans -127..127
   like a quantized random matrix, with its own scale); the matrix repeats
   those rows. Only the stored matrix is allocated at full size.
   """
+  if storage == 'q8':
+    return _random_q8_matrix(shape, rng)
   rows, cols = shape[0], math.prod(shape[1:])
   n = max(1, min(rows, RANDOM_BLOCK // max(cols, 1)))
   block = rng.standard_normal((n, cols), dtype=np.float32)
@@ -111,6 +114,25 @@ def random_stored_matrix(shape, storage, rng):
     return (_repeated(q.astype(jnp.float32), one, tuple(shape), jnp.int8),
             (_repeated(scale, one, (rows,), jnp.float32),))
   return _repeated(block, one, tuple(shape), jnp.dtype(storage)), ()
+
+
+def _random_q8_matrix(shape, rng):
+  """`random_stored_matrix` for 'q8': W [K, N] packed by
+  `kernel_layers.pack_q8`. A random N(0, 1/K) block of whole groups of 16
+  outputs (at most RANDOM_BLOCK values, at least one group) is packed with
+  its scales; the packed array and the scales repeat it (groups are
+  contiguous in the packed order)."""
+  k, n = shape
+  packed_shape = kernel_layers.q8_packed_shape(k, n)
+  group = math.prod(packed_shape[1:])
+  outputs = kernel_layers.Q8_ROWS * max(1, min(packed_shape[0],
+                                               RANDOM_BLOCK // group))
+  block = rng.standard_normal((k, outputs), dtype=np.float32)
+  block *= 1.0 / np.sqrt(k)
+  packed, scale = kernel_layers.pack_q8(block)
+  one = np.float32(1)
+  return (_repeated(packed.astype(jnp.float32), one, packed_shape, jnp.int8),
+          (_repeated(scale, one, (n,), jnp.float32),))
 
 
 def random_stored_weights(model, weight_shapes, storage, seed=0):

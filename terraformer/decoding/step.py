@@ -22,8 +22,9 @@ Fused kernels (`terraformer/kernels`): the gin switch
 C++ kernels through XLA's FFI for the sparse FF block, the multiplicative
 dense layers (sparse QKV, sparse loss) and dense layers; 'ffi' falls back
 to XLA's code (with a warning) when the library is not built.
-`decode_options.weights` ('float32', 'bfloat16', 'int8') stores those
-layers' matrices in that type (int8 with per-row scales).
+`decode_options.weights` ('float32', 'bfloat16', 'int8', 'q8') stores those
+layers' matrices in that type (int8 with per-row scales; 'q8': int8 weights
+and int8 activations, integer dot products, see `decode_options`).
 """
 import copy
 import warnings
@@ -48,8 +49,15 @@ def decode_options(kernels='xla', weights='float32'):
 
   kernels: 'xla' (the XLA path) or 'ffi' (the C++ kernels; XLA's code, with
     a warning, when the library is not built).
-  weights: storage of the kernel layers' matrices: 'float32', 'bfloat16' or
-    'int8' (per-row scales); any kernels mode reads them.
+  weights: storage of the kernel layers' matrices: 'float32', 'bfloat16',
+    'int8' (per-row scales; float activations) or 'q8': the dense products
+    (every tl.Dense, the multiplicative dense layers of sparse QKV and of
+    the sparse loss) on int8 weights packed output-major with one scale per
+    output AND int8 activations, each input row quantized once per call per
+    block of 32 (llama.cpp's Q8_0), summed as integer dot products
+    (`kernels.q8_matmul`: AVX-512 VNNI, AVX2 or scalar, `kernels.gemv_isa()`
+    says which); the sparse FF's rows as 'int8'. Any kernels mode reads
+    them ('xla' computes the same quantized products with XLA's dots).
   """
   if kernels not in KERNEL_MODES:
     raise errors.TerraformerError(
@@ -68,12 +76,17 @@ def kernels_in_use(kernels):
 
 
 def describe_options(options=None):
-  """'xla' / 'ffi (avx2)' / 'xla (no kernels: ...)', plus the storage."""
+  """'xla' / 'ffi (avx2)' / 'xla (no kernels: ...)', plus the storage;
+  with 'q8' weights the kernels' path names the Q8 GEMV's instruction set
+  too ('ffi (avx512, q8 avx512vnni), q8 weights')."""
   kernels, weights = options or decode_options()
   if kernels == 'xla':
     path = 'xla'
   elif kernel_lib.available():
-    path = f'ffi ({kernel_lib.set_isa()})'
+    isa = kernel_lib.set_isa()
+    if weights == 'q8':
+      isa += f', q8 {kernel_lib.gemv_isa()}'
+    path = f'ffi ({isa})'
   else:
     path = 'xla (kernels not built)'
   return path if weights == 'float32' else f'{path}, {weights} weights'

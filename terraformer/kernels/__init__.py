@@ -8,6 +8,13 @@ path: importing this package never needs the library.
 
   skinny_matmul(x, g, w, scale, bias)  y[t, s*N+n] = sum_k x g[s] scale W
   sparse_ff(x, c1, c2, c, w1t, w2, b2, s1, s2, block)   a sparse FF block
+  q8_matmul(x, packed, scale, g, bias)  skinny_matmul's product on int8
+      weights packed output-major (`layers.pack_q8`) and int8 activations
+
+The kernels pick their instruction set at run time: `set_isa` / the float
+kernels ('scalar', 'avx2', 'avx512'), `gemv_isa` / `set_gemv_isa` the Q8
+GEMV ('scalar', 'avx2', 'avx512vnni'; the environment variable
+TERRAFORMER_GEMV_ISA, read when the library loads, forces one too).
 """
 import ctypes
 import glob
@@ -19,6 +26,8 @@ import jax.numpy as jnp
 _HERE = os.path.dirname(os.path.abspath(__file__))
 _LIB_GLOB = '_decode_kernels*.so'
 ISA_NAMES = ('scalar', 'avx2', 'avx512')
+GEMV_ISA_NAMES = ('scalar', 'avx2', 'avx512vnni')
+GEMV_ISA_ENV = 'TERRAFORMER_GEMV_ISA'
 
 _state = {'lib': None, 'tried': False, 'error': None}
 
@@ -40,16 +49,25 @@ def _load():
     return None
   try:
     lib = ctypes.CDLL(path)
-    for name in ('tf_skinny_matmul', 'tf_sparse_ff'):
+    for name in ('tf_skinny_matmul', 'tf_sparse_ff', 'tf_q8_matmul'):
       jax.ffi.register_ffi_target(
           name, jax.ffi.pycapsule(getattr(lib, name)), platform='cpu')
     lib.tf_set_isa.argtypes = [ctypes.c_int]
     lib.tf_set_isa.restype = ctypes.c_int
     lib.tf_set_parallel_bytes.argtypes = [ctypes.c_int64]
     lib.tf_set_parallel_bytes.restype = ctypes.c_int64
+    lib.tf_set_gemv_isa.argtypes = [ctypes.c_int]
+    lib.tf_set_gemv_isa.restype = ctypes.c_int
   except (OSError, AttributeError) as e:
     _state['error'] = f'cannot load {path}: {e}'
     return None
+  forced = os.environ.get(GEMV_ISA_ENV)
+  if forced:
+    if forced not in GEMV_ISA_NAMES:
+      _state['error'] = (f'{GEMV_ISA_ENV}={forced!r}: not one of '
+                         f'{GEMV_ISA_NAMES}')
+      return None
+    lib.tf_set_gemv_isa(GEMV_ISA_NAMES.index(forced))
   _state['lib'] = lib
   return lib
 
@@ -74,6 +92,23 @@ def set_isa(name=None):
     raise RuntimeError(unavailable_reason())
   level = -1 if name is None else ISA_NAMES.index(name)
   return ISA_NAMES[lib.tf_set_isa(level)]
+
+
+def set_gemv_isa(name=None):
+  """Instruction set of the Q8 GEMV (`q8_matmul`): 'scalar', 'avx2' or
+  'avx512vnni'; None keeps it. A set this CPU lacks falls back to the best
+  it has. Returns the one in use."""
+  lib = _load()
+  if lib is None:
+    raise RuntimeError(unavailable_reason())
+  level = -1 if name is None else GEMV_ISA_NAMES.index(name)
+  return GEMV_ISA_NAMES[lib.tf_set_gemv_isa(level)]
+
+
+def gemv_isa():
+  """The Q8 GEMV path the kernels take: 'avx512vnni' (vpdpbusd), 'avx2'
+  (maddubs + madd) or 'scalar'; None without the library."""
+  return set_gemv_isa() if available() else None
 
 
 def set_parallel_bytes(n_bytes=None):
@@ -122,3 +157,20 @@ def sparse_ff(x, c1, c2, c, w1t, w2, b2, block, s1=None, s2=None):
   return jax.ffi.ffi_call('tf_sparse_ff', out)(
       _f32(x), _f32(c1), _f32(c2), _f32(c), w1t, w2, _f32(b2), s1, s2,
       block=int(block))
+
+
+def q8_matmul(x, packed, scale, g=None, bias=None):
+  """[..., K] -> [..., S * N]: y[s*N + n] = scale[n] sum_k Q(x g[s])[k] W[k, n].
+
+  `packed`, `scale`: W [K, N] as `layers.pack_q8` stores it (int8, output-
+  major, one scale per output). Each row x g[s] is quantized to int8 once
+  per call, per block of 32 inputs (Q); the sums are integer dot products.
+  `g` [S, K] (default ones [1, K]); `bias` [S * N].
+  """
+  _require()
+  k, n = x.shape[-1], scale.shape[0]
+  g = jnp.ones((1, k), jnp.float32) if g is None else _f32(g)
+  bias = jnp.zeros((1,), jnp.float32) if bias is None else _f32(bias)
+  out = jax.ShapeDtypeStruct(x.shape[:-1] + (g.shape[0] * n,), jnp.float32)
+  return jax.ffi.ffi_call('tf_q8_matmul', out)(
+      _f32(x), g, jnp.asarray(packed, jnp.int8), _f32(scale), bias)

@@ -10,18 +10,28 @@
 //     (paper §3.1): controller (x C1) C2 + c, first argmax per block of N,
 //     then only the selected rows of W1ᵀ and W2: y = b2 + sum_blocks
 //     s2 relu(s1 <W1ᵀ[row], x>) W2[row].
+//   tf_q8_matmul:      the same product as tf_skinny_matmul (without c) on
+//     int8 weights repacked output-major AND int8 activations (quantized
+//     once per call, per block of 32 inputs, like llama.cpp's Q8_0):
+//     integer dot products (vpdpbusd, or maddubs + madd), the sums of 16
+//     outputs held in registers for the whole K loop. See "The Q8 GEMV".
 //
 // Vectorized with AVX-512 (F/BW/VL) or AVX2+FMA, chosen at run time with
-// __builtin_cpu_supports; plain loops otherwise. Large products are split
-// over XLA's intra-op thread pool (chunks taken from an atomic counter, so
-// the call never waits for a task that has not started).
+// __builtin_cpu_supports; plain loops otherwise (tf_q8_matmul: AVX-512
+// VNNI, AVX2 or plain loops, chosen separately). Each function compiles
+// with its own target attribute, so one library runs on every x86-64.
+// Large products are split over XLA's intra-op thread pool (chunks taken
+// from an atomic counter, so the call never waits for a task that has not
+// started).
 #include <immintrin.h>
 
 #include <algorithm>
 #include <atomic>
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "xla/ffi/api/ffi.h"
@@ -423,6 +433,373 @@ void Axpy(Isa isa, float a, const W* w, float* y, int64_t n) {
 }
 
 // ---------------------------------------------------------------------------
+// The Q8 GEMV (decode_options.weights = 'q8'): int8 weights times int8
+// activations, for the one-row (or few-row) products of a decoding step,
+// which read every weight once and are bound by memory bandwidth.
+//
+// Weights. W [K, N] (y = x W) is stored output-major in groups of
+// kQ8Rows = 16 outputs: P[g, q, j, i] = W[4q + i, 16g + j], int8 in
+// [-127, 127] with one float32 scale per output n; K is padded with zeros
+// to a multiple of kQ8Block and N to a multiple of 16
+// (terraformer/kernels/layers.py, pack_q8). The 64 bytes of P[g, q] are 4
+// consecutive inputs of 16 outputs, the operand of one vpdpbusd: lane j of
+// its 16 int32 sums is output 16g + j. A group's 16 sums so stay in one
+// register for the whole K loop (no y loads or stores, no horizontal sums)
+// and its weights are one contiguous stream.
+//
+// Activations. Each row of x g is quantized once per call, per block of
+// kQ8Block = 32 inputs (llama.cpp's Q8_0): d_b = max|v_b| / 127,
+// q = rint(v / d_b) in [-127, 127]. Then
+//   y[n] = w_scale[n] * sum_b d_b * (sum_{k in b} q[k] W[k, n]) (+ bias[n]),
+// the inner sums exact in int32 and the float steps the same FMAs in the
+// same order on every path: the three paths give the same bits.
+//
+// vpdpbusd multiplies unsigned by signed bytes: the weights enter as
+// w + 128 (w XOR 0x80) and each block's sum starts at -128 * sum_b q
+// (computed once per call), which cancels the offset exactly. AVX2's
+// maddubs adds two u8 x s8 products into a saturating int16: |w| times q
+// with w's sign (_mm256_sign_epi8) keeps each pair within 2 * 128 * 127 <
+// 2^15.
+
+#define TF_VNNI \
+  __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,fma")))
+
+constexpr int64_t kQ8Rows = 16;   // Outputs per group (one 512-bit vector).
+constexpr int64_t kQ8Block = 32;  // Inputs per activation scale.
+constexpr int64_t kQ8Steps = kQ8Block / 4;  // 64-byte loads per block.
+// Most activation rows one pass over a group keeps in registers.
+constexpr int kQ8RowsVnni = 8;
+constexpr int kQ8RowsAvx2 = 2;
+// A block whose largest |v| is below this quantizes to zeros (1 / d_b
+// would overflow).
+constexpr float kQ8Tiny = 1e-30f;
+
+enum class GemvIsa { kScalar, kAvx2, kAvx512Vnni };
+
+GemvIsa DetectGemvIsa() {
+  __builtin_cpu_init();
+  if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+      __builtin_cpu_supports("avx512vl") &&
+      __builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("fma")) {
+    return GemvIsa::kAvx512Vnni;
+  }
+  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) {
+    return GemvIsa::kAvx2;
+  }
+  return GemvIsa::kScalar;
+}
+
+// Set by tf_set_gemv_isa (tests force the fallbacks); starts at the best.
+std::atomic<int> g_gemv_isa{static_cast<int>(DetectGemvIsa())};
+
+GemvIsa CurrentGemvIsa() { return static_cast<GemvIsa>(g_gemv_isa.load()); }
+
+// Rows of x g quantized: q [rows, kp] (zeros past K), block scales d
+// [rows, nb] and off [rows, nb] = -128 * the block's sum of q.
+struct Q8Act {
+  int64_t rows = 0, kp = 0, nb = 0;
+  std::vector<int8_t> q;
+  std::vector<float> d;
+  std::vector<int32_t> off;
+};
+
+inline float Q8Inverse(float amax, float* d) {
+  if (!(amax >= kQ8Tiny)) {
+    *d = 0.f;
+    return 0.f;
+  }
+  *d = amax / 127.f;
+  return 1.f / *d;
+}
+
+// One block of 32 values v (zeros past K) -> q, d, off.
+void Q8BlockScalar(const float* v, int8_t* q, float* d, int32_t* off) {
+  float amax = 0.f;
+  for (int64_t i = 0; i < kQ8Block; ++i) amax = std::max(amax, std::fabs(v[i]));
+  const float inv = Q8Inverse(amax, d);
+  int32_t sum = 0;
+  for (int64_t i = 0; i < kQ8Block; ++i) {
+    // Round half to even, as cvtps2dq does under the default MXCSR.
+    float r = std::nearbyint(v[i] * inv);
+    int32_t qi = static_cast<int32_t>(std::min(127.f, std::max(-127.f, r)));
+    q[i] = static_cast<int8_t>(qi);
+    sum += qi;
+  }
+  *off = -128 * sum;
+}
+
+TF_VNNI void Q8BlockAvx512(const float* v, int8_t* q, float* d, int32_t* off) {
+  const __m512 a = _mm512_loadu_ps(v), b = _mm512_loadu_ps(v + 16);
+  const float amax =
+      _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(a), _mm512_abs_ps(b)));
+  const __m512 inv = _mm512_set1_ps(Q8Inverse(amax, d));
+  const __m512i lim = _mm512_set1_epi32(127);
+  __m512i qa = _mm512_cvtps_epi32(_mm512_mul_ps(a, inv));
+  __m512i qb = _mm512_cvtps_epi32(_mm512_mul_ps(b, inv));
+  qa = _mm512_max_epi32(_mm512_min_epi32(qa, lim), _mm512_sub_epi32(_mm512_setzero_si512(), lim));
+  qb = _mm512_max_epi32(_mm512_min_epi32(qb, lim), _mm512_sub_epi32(_mm512_setzero_si512(), lim));
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(q), _mm512_cvtepi32_epi8(qa));
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(q + 16), _mm512_cvtepi32_epi8(qb));
+  *off = -128 * _mm512_reduce_add_epi32(_mm512_add_epi32(qa, qb));
+}
+
+TF_AVX2 void Q8BlockAvx2(const float* v, int8_t* q, float* d, int32_t* off) {
+  const __m256 sign = _mm256_set1_ps(-0.f);
+  __m256 x[4];
+  for (int i = 0; i < 4; ++i) x[i] = _mm256_loadu_ps(v + 8 * i);
+  __m256 m = _mm256_max_ps(
+      _mm256_max_ps(_mm256_andnot_ps(sign, x[0]), _mm256_andnot_ps(sign, x[1])),
+      _mm256_max_ps(_mm256_andnot_ps(sign, x[2]), _mm256_andnot_ps(sign, x[3])));
+  __m128 h = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+  h = _mm_max_ps(h, _mm_movehl_ps(h, h));
+  h = _mm_max_ss(h, _mm_movehdup_ps(h));
+  const __m256 inv = _mm256_set1_ps(Q8Inverse(_mm_cvtss_f32(h), d));
+  const __m256i lim = _mm256_set1_epi32(127), neg = _mm256_set1_epi32(-127);
+  __m256i qi[4];
+  __m256i sum = _mm256_setzero_si256();
+  for (int i = 0; i < 4; ++i) {
+    qi[i] = _mm256_cvtps_epi32(_mm256_mul_ps(x[i], inv));
+    qi[i] = _mm256_max_epi32(_mm256_min_epi32(qi[i], lim), neg);
+    sum = _mm256_add_epi32(sum, qi[i]);
+  }
+  // packs interleave the 128-bit lanes: dwords come out as 0,2,4,6,1,3,5,7
+  // of the wanted order; the permutation puts them back.
+  __m256i p = _mm256_packs_epi16(_mm256_packs_epi32(qi[0], qi[1]),
+                                 _mm256_packs_epi32(qi[2], qi[3]));
+  p = _mm256_permutevar8x32_epi32(p, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(q), p);
+  __m128i s = _mm_add_epi32(_mm256_castsi256_si128(sum),
+                            _mm256_extracti128_si256(sum, 1));
+  s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0x4E));
+  s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0xB1));
+  *off = -128 * _mm_cvtsi128_si32(s);
+}
+
+// Rows (t, s) of x [T, K] times g [S, K], quantized into `a` (row t*S + s).
+void Q8Quantize(GemvIsa isa, const float* x, int64_t T, const float* g,
+                int64_t S, int64_t K, int64_t kp, Q8Act* a) {
+  a->rows = T * S;
+  a->kp = kp;
+  a->nb = kp / kQ8Block;
+  a->q.assign(a->rows * kp, 0);
+  a->d.assign(a->rows * a->nb, 0.f);
+  a->off.assign(a->rows * a->nb, 0);
+  alignas(64) float v[kQ8Block];
+  for (int64_t t = 0; t < T; ++t) {
+    for (int64_t s = 0; s < S; ++s) {
+      const int64_t r = t * S + s;
+      for (int64_t b = 0; b < a->nb; ++b) {
+        const int64_t k0 = b * kQ8Block;
+        const int64_t n = std::min(kQ8Block, K - k0);
+        for (int64_t i = 0; i < n; ++i) v[i] = x[t * K + k0 + i] * g[s * K + k0 + i];
+        for (int64_t i = n; i < kQ8Block; ++i) v[i] = 0.f;
+        int8_t* q = a->q.data() + r * kp + k0;
+        float* d = a->d.data() + r * a->nb + b;
+        int32_t* off = a->off.data() + r * a->nb + b;
+        switch (isa) {
+          case GemvIsa::kAvx512Vnni: Q8BlockAvx512(v, q, d, off); break;
+          case GemvIsa::kAvx2: Q8BlockAvx2(v, q, d, off); break;
+          default: Q8BlockScalar(v, q, d, off);
+        }
+      }
+    }
+  }
+}
+
+// Where one product writes: y row r at y + r * N, its bias (or none) at
+// bias + (r % S) * N; w_scale [N].
+struct Q8Out {
+  const float* w_scale;
+  const float* bias;
+  int64_t S, N;
+  float* y;
+};
+
+inline int32_t Load4(const int8_t* p) {
+  int32_t v;
+  std::memcpy(&v, p, sizeof(v));
+  return v;
+}
+
+// Rows [r0, r0 + RB) of `a` times the 16 outputs of group gi (weights pg).
+template <int RB>
+TF_VNNI inline void Q8GroupVnni(const Q8Act& a, int64_t r0, const int8_t* pg,
+                                const Q8Out& o, int64_t gi) {
+  const __m512i flip = _mm512_set1_epi8(static_cast<char>(0x80));
+  const int8_t* xq[RB];
+  for (int r = 0; r < RB; ++r) xq[r] = a.q.data() + (r0 + r) * a.kp;
+  __m512 acc[RB];
+  for (int r = 0; r < RB; ++r) acc[r] = _mm512_setzero_ps();
+  for (int64_t b = 0; b < a.nb; ++b) {
+    const int8_t* pb = pg + b * kQ8Rows * kQ8Block;
+    __m512i dot[RB];
+    for (int r = 0; r < RB; ++r) {
+      dot[r] = _mm512_set1_epi32(a.off[(r0 + r) * a.nb + b]);
+    }
+    for (int64_t s = 0; s < kQ8Steps; ++s) {
+      const __m512i w = _mm512_xor_si512(_mm512_loadu_si512(pb + 64 * s), flip);
+      for (int r = 0; r < RB; ++r) {
+        const __m512i xb = _mm512_set1_epi32(Load4(xq[r] + b * kQ8Block + 4 * s));
+        dot[r] = _mm512_dpbusd_epi32(dot[r], w, xb);
+      }
+    }
+    for (int r = 0; r < RB; ++r) {
+      acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot[r]),
+                               _mm512_set1_ps(a.d[(r0 + r) * a.nb + b]), acc[r]);
+    }
+  }
+  const int64_t n0 = gi * kQ8Rows;
+  const __mmask16 m =
+      n0 + kQ8Rows <= o.N ? 0xFFFF : (__mmask16)((1u << (o.N - n0)) - 1);
+  const __m512 scale = _mm512_maskz_loadu_ps(m, o.w_scale + n0);
+  for (int r = 0; r < RB; ++r) {
+    const int64_t row = r0 + r;
+    const __m512 bias = o.bias == nullptr ? _mm512_setzero_ps()
+        : _mm512_maskz_loadu_ps(m, o.bias + (row % o.S) * o.N + n0);
+    _mm512_mask_storeu_ps(o.y + row * o.N + n0, m,
+                          _mm512_fmadd_ps(acc[r], scale, bias));
+  }
+}
+
+TF_VNNI void Q8RangeVnni(const Q8Act& a, const int8_t* p, const Q8Out& o,
+                         int64_t g0, int64_t g1) {
+  for (int64_t gi = g0; gi < g1; ++gi) {
+    const int8_t* pg = p + gi * a.kp * kQ8Rows;
+    for (int64_t r0 = 0; r0 < a.rows; r0 += kQ8RowsVnni) {
+      switch (std::min<int64_t>(kQ8RowsVnni, a.rows - r0)) {
+        case 1: Q8GroupVnni<1>(a, r0, pg, o, gi); break;
+        case 2: Q8GroupVnni<2>(a, r0, pg, o, gi); break;
+        case 3: Q8GroupVnni<3>(a, r0, pg, o, gi); break;
+        case 4: Q8GroupVnni<4>(a, r0, pg, o, gi); break;
+        case 5: Q8GroupVnni<5>(a, r0, pg, o, gi); break;
+        case 6: Q8GroupVnni<6>(a, r0, pg, o, gi); break;
+        case 7: Q8GroupVnni<7>(a, r0, pg, o, gi); break;
+        default: Q8GroupVnni<8>(a, r0, pg, o, gi);
+      }
+    }
+  }
+}
+
+template <int RB>
+TF_AVX2 inline void Q8GroupAvx2(const Q8Act& a, int64_t r0, const int8_t* pg,
+                                const Q8Out& o, int64_t gi) {
+  const __m256i ones = _mm256_set1_epi16(1);
+  const int8_t* xq[RB];
+  for (int r = 0; r < RB; ++r) xq[r] = a.q.data() + (r0 + r) * a.kp;
+  // [r][h]: outputs 8h..8h+7 of the group.
+  __m256 acc[RB][2];
+  for (int r = 0; r < RB; ++r) acc[r][0] = acc[r][1] = _mm256_setzero_ps();
+  for (int64_t b = 0; b < a.nb; ++b) {
+    const int8_t* pb = pg + b * kQ8Rows * kQ8Block;
+    __m256i dot[RB][2];
+    for (int r = 0; r < RB; ++r) dot[r][0] = dot[r][1] = _mm256_setzero_si256();
+    // Unrolled fully, GCC computes all the products before their sums and
+    // spills them (16 ymm registers).
+#pragma GCC unroll 2
+    for (int64_t s = 0; s < kQ8Steps; ++s) {
+      const __m256i w0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(pb + 64 * s));
+      const __m256i w1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(pb + 64 * s + 32));
+      const __m256i a0 = _mm256_abs_epi8(w0), a1 = _mm256_abs_epi8(w1);
+      for (int r = 0; r < RB; ++r) {
+        const __m256i xb = _mm256_set1_epi32(Load4(xq[r] + b * kQ8Block + 4 * s));
+        dot[r][0] = _mm256_add_epi32(dot[r][0], _mm256_madd_epi16(
+            _mm256_maddubs_epi16(a0, _mm256_sign_epi8(xb, w0)), ones));
+        dot[r][1] = _mm256_add_epi32(dot[r][1], _mm256_madd_epi16(
+            _mm256_maddubs_epi16(a1, _mm256_sign_epi8(xb, w1)), ones));
+      }
+    }
+    for (int r = 0; r < RB; ++r) {
+      const __m256 d = _mm256_set1_ps(a.d[(r0 + r) * a.nb + b]);
+      for (int h = 0; h < 2; ++h) {
+        acc[r][h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot[r][h]), d, acc[r][h]);
+      }
+    }
+  }
+  for (int r = 0; r < RB; ++r) {
+    const int64_t row = r0 + r;
+    const float* bias = o.bias == nullptr ? nullptr : o.bias + (row % o.S) * o.N;
+    for (int h = 0; h < 2; ++h) {
+      const int64_t n0 = gi * kQ8Rows + 8 * h;
+      if (n0 + 8 <= o.N) {
+        const __m256 add = bias == nullptr ? _mm256_setzero_ps() : _mm256_loadu_ps(bias + n0);
+        _mm256_storeu_ps(o.y + row * o.N + n0,
+                         _mm256_fmadd_ps(acc[r][h], _mm256_loadu_ps(o.w_scale + n0), add));
+      } else {
+        alignas(32) float lanes[8];
+        _mm256_store_ps(lanes, acc[r][h]);
+        for (int64_t j = 0; n0 + j < o.N; ++j) {
+          o.y[row * o.N + n0 + j] = std::fma(
+              lanes[j], o.w_scale[n0 + j], bias == nullptr ? 0.f : bias[n0 + j]);
+        }
+      }
+    }
+  }
+}
+
+TF_AVX2 void Q8RangeAvx2(const Q8Act& a, const int8_t* p, const Q8Out& o,
+                         int64_t g0, int64_t g1) {
+  for (int64_t gi = g0; gi < g1; ++gi) {
+    const int8_t* pg = p + gi * a.kp * kQ8Rows;
+    int64_t r0 = 0;
+    for (; r0 + kQ8RowsAvx2 <= a.rows; r0 += kQ8RowsAvx2) {
+      Q8GroupAvx2<kQ8RowsAvx2>(a, r0, pg, o, gi);
+    }
+    if (r0 < a.rows) Q8GroupAvx2<1>(a, r0, pg, o, gi);
+  }
+}
+
+void Q8RangeScalar(const Q8Act& a, const int8_t* p, const Q8Out& o,
+                   int64_t g0, int64_t g1) {
+  for (int64_t gi = g0; gi < g1; ++gi) {
+    const int8_t* pg = p + gi * a.kp * kQ8Rows;
+    for (int64_t row = 0; row < a.rows; ++row) {
+      const int8_t* xq = a.q.data() + row * a.kp;
+      for (int64_t j = 0; j < kQ8Rows && gi * kQ8Rows + j < o.N; ++j) {
+        float acc = 0.f;
+        for (int64_t b = 0; b < a.nb; ++b) {
+          const int8_t* pb = pg + b * kQ8Rows * kQ8Block;
+          int32_t dot = 0;
+          for (int64_t s = 0; s < kQ8Steps; ++s) {
+            for (int64_t i = 0; i < 4; ++i) {
+              dot += int32_t{pb[64 * s + 4 * j + i]} *
+                     int32_t{xq[b * kQ8Block + 4 * s + i]};
+            }
+          }
+          acc = std::fma(static_cast<float>(dot), a.d[row * a.nb + b], acc);
+        }
+        const int64_t n = gi * kQ8Rows + j;
+        const float bias = o.bias == nullptr ? 0.f : o.bias[(row % o.S) * o.N + n];
+        o.y[row * o.N + n] = std::fma(acc, o.w_scale[n], bias);
+      }
+    }
+  }
+}
+
+// y = the Q8 product of x [T, K] g [S, K] (rows t*S + s) and P (n_groups
+// groups of kp inputs). The groups are split into equal contiguous ranges,
+// one per thread of the pool, when the product is large enough.
+void Q8Matmul(ffi::ThreadPool* pool, const float* x, int64_t T,
+              const float* g, int64_t S, int64_t K, const int8_t* p,
+              int64_t n_groups, int64_t kp, const Q8Out& o) {
+  const GemvIsa isa = CurrentGemvIsa();
+  Q8Act a;
+  Q8Quantize(isa, x, T, g, S, K, kp, &a);
+  // Multiply-adds: bytes of P times rows.
+  const bool parallel =
+      pool != nullptr && a.rows * n_groups * kQ8Rows * kp >= g_parallel_bytes.load();
+  const int64_t workers =
+      parallel ? std::max<int64_t>(1, std::min<int64_t>(pool->num_threads(), n_groups)) : 1;
+  ParallelFor(workers > 1 ? pool : nullptr, workers, [&](int64_t c) {
+    const int64_t g0 = c * n_groups / workers, g1 = (c + 1) * n_groups / workers;
+    switch (isa) {
+      case GemvIsa::kAvx512Vnni: return Q8RangeVnni(a, p, o, g0, g1);
+      case GemvIsa::kAvx2: return Q8RangeAvx2(a, p, o, g0, g1);
+      default: return Q8RangeScalar(a, p, o, g0, g1);
+    }
+  });
+}
+
+// ---------------------------------------------------------------------------
 // The FFI handlers.
 
 ffi::Error BadType(const char* what) {
@@ -533,6 +910,42 @@ ffi::Error SparseFFImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x,
   });
 }
 
+// x [T, K], g [S, K], P [G, Kp / 4, 16, 4] int8 (output-major, see "The
+// Q8 GEMV"), w_scale [N], b [S * N] or [1] (no bias) -> y [T, S * N].
+ffi::Error Q8MatmulImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x,
+                        ffi::Buffer<ffi::F32> g, ffi::Buffer<ffi::S8> p,
+                        ffi::Buffer<ffi::F32> w_scale, ffi::Buffer<ffi::F32> b,
+                        ffi::ResultBuffer<ffi::F32> y) {
+  auto bad = [](const std::string& what) {
+    return ffi::Error(ffi::ErrorCode::kInvalidArgument, "tf_q8_matmul: " + what);
+  };
+  auto pd = p.dimensions();
+  auto gd = g.dimensions();
+  if (pd.size() != 4 || pd[2] != kQ8Rows || pd[3] != 4 || gd.size() != 2) {
+    return bad("packed W must be [G, Kp / 4, 16, 4] and g [S, K]");
+  }
+  const int64_t S = gd[0], K = gd[1];
+  const int64_t kp = pd[1] * 4, n_groups = pd[0];
+  const int64_t N = w_scale.element_count();
+  if (K <= 0 || kp != (K + kQ8Block - 1) / kQ8Block * kQ8Block) {
+    return bad("packed W has " + std::to_string(kp) + " inputs for K = " +
+               std::to_string(K) + " (K rounded up to a multiple of 32)");
+  }
+  if (n_groups != (N + kQ8Rows - 1) / kQ8Rows) {
+    return bad("packed W has " + std::to_string(n_groups) +
+               " groups of 16 outputs for " + std::to_string(N) + " scales");
+  }
+  if (x.element_count() % K != 0) return bad("x's last axis is not K");
+  const int64_t T = x.element_count() / K;
+  // else a dummy [1]
+  const bool bias = static_cast<int64_t>(b.element_count()) == S * N;
+  Q8Out out{w_scale.typed_data(), bias ? b.typed_data() : nullptr, S, N,
+            y->typed_data()};
+  Q8Matmul(&pool, x.typed_data(), T, g.typed_data(), S, K, p.typed_data(),
+           n_groups, kp, out);
+  return ffi::Error::Success();
+}
+
 }  // namespace
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(tf_skinny_matmul, SkinnyMatmulImpl,
@@ -542,6 +955,16 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(tf_skinny_matmul, SkinnyMatmulImpl,
                                   .Arg<ffi::Buffer<ffi::F32>>()
                                   .Arg<ffi::Buffer<ffi::F32>>()
                                   .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Ret<ffi::Buffer<ffi::F32>>());
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(tf_q8_matmul, Q8MatmulImpl,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::ThreadPool>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Arg<ffi::Buffer<ffi::S8>>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
                                   .Arg<ffi::Buffer<ffi::F32>>()
                                   .Ret<ffi::Buffer<ffi::F32>>());
 
@@ -573,4 +996,13 @@ extern "C" int tf_set_isa(int level) {
 extern "C" int64_t tf_set_parallel_bytes(int64_t bytes) {
   if (bytes >= 0) g_parallel_bytes.store(bytes);
   return g_parallel_bytes.load();
+}
+
+// The Q8 GEMV's instruction set: 0 scalar, 1 AVX2, 2 AVX-512 VNNI. Setting
+// a level the CPU lacks keeps the best supported one. Returns the level now
+// in use.
+extern "C" int tf_set_gemv_isa(int level) {
+  int best = static_cast<int>(DetectGemvIsa());
+  if (level >= 0) g_gemv_isa.store(std::min(level, best));
+  return g_gemv_isa.load();
 }

@@ -14,7 +14,15 @@ matrices (W1ᵀ and W2 of SparseFF, E of MultiplicativeDense, W of Dense) to
 bfloat16, or to int8 with one float32 scale per row (appended after the
 layer's own weights: scaled rows of W1ᵀ/W2 are units, rows of E and W are
 input features, whose scales fold into the input). Controllers, biases,
-embeddings and attention caches stay float32. `map_leaf_layers` is the walk
+embeddings and attention caches stay float32.
+
+'q8' storage is int8 weights AND int8 activations for the dense products
+(E and W): `pack_q8` stores W [K, N] output-major for the Q8 GEMV kernel
+(`tf_q8_matmul`: groups of 16 outputs x 4 inputs, one float32 scale per
+output, appended like int8's), and each call quantizes its input rows to
+int8 per block of 32 (`quantize_activations`), the products being integer
+dot products. SparseFF, whose step reads single rows, stores W1ᵀ and W2 as
+'int8'. `map_leaf_layers` is the walk
 over a model's layers and weights that both this and the benchmark's random
 weights (`terraformer.benchmarks.weight_factory`) use.
 
@@ -35,7 +43,13 @@ from terraformer import kernels
 from terraformer.layers.multiplicative_dense import MultiplicativeDense
 from terraformer.layers.sparse_ff import SparseFF
 
-STORAGES = ('float32', 'bfloat16', 'int8')
+STORAGES = ('float32', 'bfloat16', 'int8', 'q8')
+# The Q8 GEMV's layout (terraformer/kernels/decode_kernels.cc, "The Q8
+# GEMV"): outputs per group, inputs per activation scale (K is padded to a
+# multiple of it), and the smallest block maximum that is not quantized to 0.
+Q8_ROWS = 16
+Q8_BLOCK = 32
+Q8_TINY = 1e-30
 # Most rows (tokens x modules) a kernel call takes; more go through XLA.
 MAX_FFI_ROWS = 64
 
@@ -50,12 +64,74 @@ def quantize_rows(w):
   return q, scale
 
 
+def _round_up(n, multiple):
+  return -(-n // multiple) * multiple
+
+
+def q8_packed_shape(k, n):
+  """Shape of `pack_q8`'s int8 array for W [k, n]: [groups of 16 outputs,
+  K padded to a multiple of Q8_BLOCK / 4, 16, 4]."""
+  return (_round_up(n, Q8_ROWS) // Q8_ROWS, _round_up(k, Q8_BLOCK) // 4,
+          Q8_ROWS, 4)
+
+
+def pack_q8(w):
+  """(packed int8, float32 scales [N]) of W [K, N] for the Q8 GEMV.
+
+  One symmetric scale per output n (W[:, n] ~= q[:, n] * scale[n]), and
+  packed[g, p, j, i] = q[4p + i, 16g + j], zeros past K and N: 64 bytes
+  hold 4 consecutive inputs of 16 outputs, what one vpdpbusd multiplies
+  (decode_kernels.cc, "The Q8 GEMV").
+  """
+  k, n = w.shape
+  q, scale = quantize_rows(jnp.asarray(w, jnp.float32).T)  # Rows: outputs.
+  q = jnp.pad(q, ((0, _round_up(n, Q8_ROWS) - n),
+                  (0, _round_up(k, Q8_BLOCK) - k)))
+  packed = q.reshape(-1, Q8_ROWS, q.shape[1] // 4, 4).transpose(0, 2, 1, 3)
+  return packed, scale
+
+
+def is_q8(w):
+  """True for a matrix stored by `pack_q8` (4-D; other storages are 2-D)."""
+  return len(w.shape) == 4
+
+
+def quantize_activations(x):
+  """x [..., K] as the Q8 kernel multiplies it: per block of Q8_BLOCK
+  inputs, d = max|x| / 127 and x ~= d * rint(x / d) (Q8_0), returned
+  dequantized and padded with zeros to a multiple of Q8_BLOCK."""
+  k = x.shape[-1]
+  x = jnp.pad(jnp.asarray(x, jnp.float32),
+              [(0, 0)] * (x.ndim - 1) + [(0, _round_up(k, Q8_BLOCK) - k)])
+  blocks = x.reshape(x.shape[:-1] + (-1, Q8_BLOCK))
+  amax = jnp.abs(blocks).max(axis=-1, keepdims=True)
+  live = amax >= Q8_TINY
+  d = jnp.where(live, amax / 127.0, 0.0)
+  inv = jnp.where(live, 1.0 / jnp.where(live, d, 1.0), 0.0)
+  q = jnp.clip(jnp.rint(blocks * inv), -127, 127)
+  return (q * d).reshape(x.shape)
+
+
+def q8_product(x, packed, scale):
+  """x [..., K] -> [..., N]: XLA's version of `kernels.q8_matmul` (no g,
+  no bias), the fallback of the 'q8' storage: the same quantized operands,
+  float sums."""
+  xq = quantize_activations(x)
+  xq = xq.reshape(xq.shape[:-1] + (-1, 4))
+  y = jnp.einsum('...pi,gpji->...gj', xq, packed.astype(jnp.float32))
+  y = y.reshape(y.shape[:-2] + (-1,))[..., :scale.shape[0]]
+  return y * scale
+
+
 def _store(w, storage):
   """(stored matrix, [scales]) of a float32 matrix."""
   if storage == 'float32':
     return w, ()
   if storage == 'bfloat16':
     return jnp.asarray(w, jnp.bfloat16), ()
+  if storage == 'q8':
+    packed, s = pack_q8(w)
+    return packed, (s,)
   q, s = quantize_rows(w)
   return q, (s,)
 
@@ -80,7 +156,7 @@ class KernelSparseFF(_KernelMixin, SparseFF):
   """SparseFF whose predict-mode step is one `tf_sparse_ff` call.
 
   Weights (C1, C2, c, W1ᵀ, W2, b2[, s1, s2]): int8 storage appends the row
-  scales of W1ᵀ and W2.
+  scales of W1ᵀ and W2 ('q8' stores them as 'int8').
   """
 
   def _forward_selected_rows(self, x):
@@ -98,6 +174,9 @@ class KernelSparseFF(_KernelMixin, SparseFF):
       self.weights = saved
 
   def store(self, weights, storage, store_matrix=_store):
+    # The step reads single rows of W1ᵀ and W2 (float dot products and
+    # axpys), not the dense products that 'q8' packs.
+    storage = 'int8' if storage == 'q8' else storage
     c1, c2, c, w1t, w2, b2 = weights
     w1t, s1 = store_matrix(w1t, storage)
     w2, s2 = store_matrix(w2, storage)
@@ -105,9 +184,10 @@ class KernelSparseFF(_KernelMixin, SparseFF):
 
 
 class KernelMultiplicativeDense(_KernelMixin, MultiplicativeDense):
-  """MultiplicativeDense as one `tf_skinny_matmul` call per step.
+  """MultiplicativeDense as one `tf_skinny_matmul` call per step
+  (`tf_q8_matmul` with 'q8' storage).
 
-  Weights (D, E[, b][, scales of E's rows]).
+  Weights (D, E[, b][, scales of E's rows, or of its columns with 'q8']).
   """
 
   def _split(self):
@@ -121,6 +201,12 @@ class KernelMultiplicativeDense(_KernelMixin, MultiplicativeDense):
   def forward(self, x):
     d, e, bias, scale = self._split()
     rows = int(np.prod(x.shape[:-1])) * self._n_modules
+    if is_q8(e):
+      if self._ffi(rows):
+        return kernels.q8_matmul(x, e, scale, d, bias).astype(x.dtype)
+      y = q8_product(x[..., None, :] * d, e, scale)  # [..., S, M]
+      y = y.reshape(x.shape[:-1] + (self._n_modules * self._d_module,))
+      return (y if bias is None else y + bias).astype(x.dtype)
     if self._ffi(rows):
       return kernels.skinny_matmul(x, e, d, scale, bias).astype(x.dtype)
     saved = self.weights
@@ -136,10 +222,11 @@ class KernelMultiplicativeDense(_KernelMixin, MultiplicativeDense):
 
 
 class KernelDense(_KernelMixin, trax_core.Dense):
-  """tl.Dense as one `tf_skinny_matmul` call per step.
+  """tl.Dense as one `tf_skinny_matmul` call per step (`tf_q8_matmul`
+  with 'q8' storage).
 
-  Weights (W[, b][, scales of W's rows]); W alone when it has no bias and
-  is stored as a float.
+  Weights (W[, b][, scales of W's rows, or of its columns with 'q8']); W
+  alone when it has no bias and is stored as a float.
   """
 
   def _split(self):
@@ -152,6 +239,11 @@ class KernelDense(_KernelMixin, trax_core.Dense):
 
   def forward(self, x):
     w, bias, scale = self._split()
+    if is_q8(w):
+      if self._ffi(int(np.prod(x.shape[:-1]))):
+        return kernels.q8_matmul(x, w, scale, None, bias).astype(x.dtype)
+      y = q8_product(x, w, scale)
+      return (y if bias is None else y + bias).astype(x.dtype)
     if self._ffi(int(np.prod(x.shape[:-1]))):
       return kernels.skinny_matmul(x, w, None, scale, bias).astype(x.dtype)
     y = jnp.dot(x, _load(w, scale))

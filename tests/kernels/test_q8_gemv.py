@@ -1,0 +1,270 @@
+"""The Q8 GEMV (int8 weights x int8 activations, decode_options.weights='q8').
+
+Against numpy references written here: the packed layout, the integer
+product (exact, on data whose every float step is exact), the quantized
+product on random data (each instruction set giving the same bits), the
+error bound of 8-bit rounding against the float product, and the kernel
+layers. Every instruction set the CPU has runs; one it lacks skips, saying
+so. The library must be built (`pip install -e .`): these tests fail, not
+skip, without it.
+"""
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from trax import layers as tl
+from trax import shapes
+
+from terraformer import kernels
+from terraformer.benchmarks import weight_factory
+from terraformer.kernels import layers as kernel_layers
+from terraformer.layers.multiplicative_dense import MultiplicativeDense
+
+BLOCK, ROWS = 32, 16  # Inputs per activation scale, outputs per group.
+
+
+@pytest.fixture
+def gemv_isa():
+  """Sets the Q8 GEMV's instruction set (skips if the CPU lacks it);
+  restores the best one afterwards."""
+  assert kernels.available(), kernels.unavailable_reason()
+
+  def use(name):
+    used = kernels.set_gemv_isa(name)
+    if used != name:
+      pytest.skip(f'this CPU lacks {name} (the Q8 GEMV uses {used})')
+
+  yield use
+  kernels.set_gemv_isa(kernels.GEMV_ISA_NAMES[-1])
+
+
+@pytest.fixture
+def split_every_product():
+  """Splits every product over the thread pool; restores the threshold."""
+  before = kernels.set_parallel_bytes()
+  kernels.set_parallel_bytes(0)
+  yield
+  kernels.set_parallel_bytes(before)
+
+
+def _pack(q):
+  """numpy: int8 W [K, N] -> [ceil(N/16), Kp/4, 16, 4], P[g, p, j, i] =
+  W[4p + i, 16g + j], zeros past K (Kp = K rounded up to 32) and N."""
+  k, n = q.shape
+  kp, np_ = -(-k // BLOCK) * BLOCK, -(-n // ROWS) * ROWS
+  padded = np.zeros((kp, np_), np.int8)
+  padded[:k, :n] = q
+  packed = np.zeros((np_ // ROWS, kp // 4, ROWS, 4), np.int8)
+  for g in range(np_ // ROWS):
+    for p in range(kp // 4):
+      for j in range(ROWS):
+        packed[g, p, j] = padded[4 * p:4 * p + 4, ROWS * g + j]
+  return packed
+
+
+def _quantize(v):
+  """numpy Q8_0 of rows v [R, K] in float32: (q int64 [R, K], d [R, blocks])
+  with d = max|v_block| / 127 and q = rint(v * (1 / d)), as the kernel
+  computes them."""
+  r, k = v.shape
+  q, d = np.zeros((r, k), np.int64), []
+  for b in range(0, k, BLOCK):
+    block = v[:, b:b + BLOCK]
+    amax = np.abs(block).max(axis=1)
+    live = amax >= np.float32(1e-30)
+    scale = np.where(live, amax / np.float32(127), 0).astype(np.float32)
+    inv = np.where(live, np.float32(1) / np.where(live, scale, 1), 0).astype(
+        np.float32)
+    q[:, b:b + BLOCK] = np.clip(np.rint(block * inv[:, None]), -127, 127)
+    d.append(scale)
+  return q, np.stack(d, axis=1)
+
+
+def _block_sums(q, d, w):
+  """[R, blocks, N] float64: d[r, b] * sum_{k in block b} q[r, k] w[k, n],
+  the integer sums exact (int64)."""
+  k = q.shape[1]
+  return np.stack([d[:, i, None].astype(np.float64)
+                   * (q[:, b:b + BLOCK] @ w[b:b + BLOCK].astype(np.int64))
+                   for i, b in enumerate(range(0, k, BLOCK))], axis=1)
+
+
+# (T, S, K, N): K and N not multiples of 32 / 16 (tails of a block and of a
+# group), one block (K < 32), one group (N = 16), 13 rows (AVX-512: a pass of
+# 8 and one of 5; AVX2: six passes of 2 and one of 1).
+SHAPES = [(1, 1, 37, 21), (1, 1, 300, 33), (2, 3, 45, 16), (1, 13, 70, 5),
+          (3, 1, 20, 50)]
+
+
+@pytest.mark.parametrize('parallel', [False, True], ids=['serial', 'split'])
+@pytest.mark.parametrize('t,s,k,n', SHAPES)
+@pytest.mark.parametrize('name', kernels.GEMV_ISA_NAMES)
+def test_q8_matmul_is_the_exact_integer_product(gemv_isa, request, name, t,
+                                                s, k, n, parallel):
+  """Inputs whose every block holds +-127 * 2^e (so d_b = 2^e and the
+  quantized activations are the chosen integers) and power-of-two weight
+  scales: every float step is exact, so y equals the int64 product."""
+  gemv_isa(name)
+  if parallel:
+    request.getfixturevalue('split_every_product')
+  rng = np.random.default_rng(k * n + t)
+  blocks = len(range(0, k, BLOCK))
+  sign = lambda *shape: rng.choice([-1, 1], shape)
+  w = rng.integers(-127, 128, (k, n)).astype(np.int8)
+  w[0:2] = 127 * sign(2, n)  # Largest pairs: 2 * 127 * 127 in maddubs.
+  w_scale = (2.0 ** rng.integers(-2, 2, n)).astype(np.float32)
+  qx = rng.integers(-40, 41, (t, k))
+  qx[:, 0::BLOCK] = 127 * sign(t, blocks)  # Each block's max is 127.
+  if k > 1:
+    qx[:, 1::BLOCK] = 127 * sign(t, len(range(1, k, BLOCK)))
+  x_exp = rng.integers(0, 2, (t, blocks))
+  g_exp = rng.integers(0, 2, s)
+  g_sign = sign(s, k)
+  x = (qx * 2.0 ** np.repeat(x_exp, BLOCK, axis=1)[:, :k]).astype(np.float32)
+  g = (g_sign * 2.0 ** g_exp[:, None]).astype(np.float32)
+  bias = (rng.integers(-64, 64, s * n) / 4).astype(np.float32)
+  # Row (t, s) of x g is qx[t] g_sign[s] 2^(x_exp + g_exp): d_b = 2^(x_exp +
+  # g_exp) and q = qx g_sign exactly.
+  q = (qx[:, None, :] * g_sign[None]).reshape(t * s, k)
+  d = 2.0 ** (x_exp[:, None, :] + g_exp[None, :, None]).reshape(t * s, -1)
+  terms = _block_sums(q, d, w)
+  # Integer partial sums under 2^24 and outputs, multiples of 1/4, under
+  # 2^22: every float32 step of the kernel is exact.
+  assert np.abs(terms).sum(1).max() * max(1, w_scale.max()) < 2 ** 21
+  expected = (terms.sum(1) * w_scale).reshape(t, s * n) + bias
+
+  got = jax.jit(kernels.q8_matmul)(x, _pack(w), w_scale, g, bias)
+  np.testing.assert_array_equal(np.asarray(got), expected.astype(np.float32))
+
+
+@pytest.mark.parametrize('t,s,k,n', SHAPES)
+def test_q8_matmul_equals_numpy_on_random_data(gemv_isa, t, s, k, n):
+  """Random floats: the numpy quantization of x g with the integer products
+  summed in float64, within float32 rounding of the sums; every
+  instruction set gives the same bits (the same FMAs in the same order)."""
+  rng = np.random.default_rng(k + n)
+  x = rng.standard_normal((t, k)).astype(np.float32)
+  x[:, :3] *= 20  # Outliers: blocks with different scales.
+  g = rng.standard_normal((s, k)).astype(np.float32)
+  w = rng.integers(-127, 128, (k, n)).astype(np.int8)
+  w_scale = rng.uniform(0.5, 2, n).astype(np.float32)
+  bias = rng.standard_normal(s * n).astype(np.float32)
+  q, d = _quantize((x[:, None, :] * g[None]).reshape(t * s, k))
+  terms = _block_sums(q, d, w) * w_scale
+  expected = terms.sum(1).reshape(t, s * n) + bias
+  # float32 sums of <= 12 terms: each rounding within 2^-24 of a partial
+  # sum, bounded by the sum of |terms|.
+  tolerance = 2 * 2.0 ** -24 * (len(range(0, k, BLOCK)) + 2) * (
+      np.abs(terms).sum(1).reshape(t, s * n) + np.abs(bias))
+  outputs = {}
+  for name in kernels.GEMV_ISA_NAMES:
+    if kernels.set_gemv_isa(name) != name:
+      continue
+    got = np.asarray(jax.jit(kernels.q8_matmul)(x, _pack(w), w_scale, g,
+                                                 bias))
+    assert np.all(np.abs(got - expected) <= tolerance), name
+    outputs[name] = got
+  for name, got in outputs.items():
+    np.testing.assert_array_equal(got, outputs['scalar'], err_msg=name)
+
+
+def test_q8_error_is_within_the_rounding_bound(gemv_isa):
+  """Against the float product: each rounding to 8 bits moves a value by at
+  most half its step (d_b / 2 for x, scale / 2 for W), so |y - x W| <=
+  sum_k |dx| |W| + |x| |dW| + |dx| |dW|, and the error uses a good part
+  of that bound (a real rounding, not a float path)."""
+  gemv_isa(kernels.GEMV_ISA_NAMES[-1])
+  rng = np.random.default_rng(1)
+  k, n = 1000, 70
+  x = rng.standard_normal((1, k)).astype(np.float32)
+  w = (rng.standard_normal((k, n)) / np.sqrt(k)).astype(np.float32)
+  packed, w_scale = kernel_layers.pack_q8(jnp.asarray(w))
+  got = np.asarray(kernels.q8_matmul(x, packed, w_scale))[0]
+  exact = x[0].astype(np.float64) @ w.astype(np.float64)
+  d = np.concatenate([np.full(min(BLOCK, k - b), np.abs(x[0, b:b + BLOCK]).max()
+                              / 127) for b in range(0, k, BLOCK)])
+  dx, dw = d[:, None] / 2, np.asarray(w_scale)[None, :] / 2
+  bound = (dx * np.abs(w) + np.abs(x[0])[:, None] * dw + dx * dw).sum(0)
+  err = np.abs(got - exact)
+  assert np.all(err <= bound * 1.001 + 1e-6)
+  assert err.max() > 0.01 * bound.max()
+
+
+def test_pack_q8_layout_and_scales():
+  rng = np.random.default_rng(2)
+  w = rng.standard_normal((45, 21)).astype(np.float32)
+  w[:, 3] = 0  # An all-zero output keeps scale 1 and zeros.
+  packed, scale = kernel_layers.pack_q8(jnp.asarray(w))
+  scale = np.asarray(scale)
+  amax = np.abs(w).max(0)
+  np.testing.assert_allclose(scale, np.where(amax > 0, amax / 127, 1),
+                             rtol=1e-6)
+  q = np.clip(np.rint(w / scale), -127, 127).astype(np.int8)
+  assert packed.dtype == jnp.int8
+  assert packed.shape == kernel_layers.q8_packed_shape(45, 21) == (
+      2, 16, 16, 4)
+  np.testing.assert_array_equal(np.asarray(packed), _pack(q))
+  assert np.abs(q).max(0)[amax > 0].min() == 127
+
+
+def _layer_case(layer, x):
+  """(q8 kernel outputs, q8 XLA outputs, float32 outputs, lowered text) of
+  a layer called on x with 'q8' weights."""
+  weights, state = layer.init(shapes.signature(x), rng=jax.random.PRNGKey(0))
+  expected = layer(x)
+  kernel_layers.install(layer)
+  stored = kernel_layers.store_weights(layer, weights, 'q8')
+  outputs = []
+  for use_ffi in (True, False):
+    layer._tf_use_ffi = use_ffi  # pylint: disable=protected-access
+    fn = jax.jit(layer.pure_fn)
+    outputs.append(np.asarray(fn(x, stored, state, jax.random.PRNGKey(0))[0]))
+    if use_ffi:
+      text = fn.lower(x, stored, state, jax.random.PRNGKey(0)).as_text()
+  return outputs[0], outputs[1], np.asarray(expected), text
+
+
+@pytest.mark.parametrize('make', [
+    lambda: tl.Dense(37), lambda: tl.Dense(37, use_bias=False),
+    lambda: MultiplicativeDense(4, 21, use_bias=True)],
+                         ids=['dense', 'dense_no_bias', 'multiplicative'])
+def test_q8_kernel_layers(gemv_isa, make):
+  """tl.Dense and MultiplicativeDense with 'q8' weights call tf_q8_matmul;
+  XLA's path (`q8_product`) computes the same quantized product; both stay
+  within 8-bit rounding of the float32 layer."""
+  gemv_isa(kernels.GEMV_ISA_NAMES[-1])
+  x = jax.random.normal(jax.random.PRNGKey(5), (1, 2, 70))
+  ffi, xla, f32, text = _layer_case(make(), x)
+  assert 'tf_q8_matmul' in text and 'tf_skinny_matmul' not in text
+  np.testing.assert_allclose(ffi, xla, rtol=1e-5, atol=1e-5)
+  # Two 8-bit roundings per product: a few percent of the outputs' size.
+  delta = np.abs(ffi - f32).max()
+  assert 0 < delta < 0.03 * np.abs(f32).max()
+
+
+def test_random_q8_weights_have_store_weights_structure(monkeypatch):
+  """terraformer-bench's 'stored' random weights in 'q8' (no float32 copy):
+  the tree, shapes and dtypes `store_weights` gives, packed groups that
+  repeat a random block, scales of N(0, 1/K) columns."""
+  monkeypatch.setattr(weight_factory, 'RANDOM_BLOCK', 3 * 16 * 64)
+  layer = tl.Serial(tl.Dense(80), tl.Dense(50))
+  x = shapes.ShapeDtype((1, 1, 64), jnp.float32)
+  layer.init(x, rng=jax.random.PRNGKey(0))
+  kernel_layers.install(layer)
+  weight_shapes = jax.eval_shape(lambda: layer.weights)
+  converted = kernel_layers.store_weights(layer, layer.weights, 'q8')
+  direct = weight_factory.random_stored_weights(layer, weight_shapes, 'q8')
+  assert (jax.tree_util.tree_structure(direct)
+          == jax.tree_util.tree_structure(converted))
+  assert [(l.shape, l.dtype) for l in jax.tree_util.tree_leaves(direct)] == [
+      (l.shape, l.dtype) for l in jax.tree_util.tree_leaves(converted)]
+  packed, _, scale = direct[0]
+  assert packed.shape == (5, 16, 16, 4)
+  packed = np.asarray(packed)
+  np.testing.assert_array_equal(packed[3:], packed[:2])  # 3 groups repeat.
+  assert len(np.unique(packed[:3])) > 100
+  # Each output (j) spans -127..127; dequantized, the values spread like
+  # N(0, 1/K) with K = 64.
+  assert np.all(np.abs(packed[:3]).max(axis=(1, 3)) == 127)
+  values = packed[:3] * np.asarray(scale)[:48].reshape(3, 1, 16, 1)
+  assert abs(values.std() * 8 - 1) < 0.1
