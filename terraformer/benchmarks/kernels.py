@@ -3,10 +3,11 @@
   python -m terraformer.benchmarks.kernels [--repeats=21] [--cases=800m_loss,...]
 
 Each layer of the 800M / 17B shapes, random weights, one token: XLA's
-predict-mode code (float32) and the kernel layer with float32, bfloat16 and
-int8 weights, called in turn (interleaved, so they share the machine's
-noise); min and median ms over the repeats, and the weight bytes a call
-reads over the GEMV bandwidth measured in the same process (x bound).
+predict-mode code (float32) and the kernel layer with float32, bfloat16,
+int8 and q8 weights (q8: int8 activations too, the Q8 GEMV; the sparse FF
+block reads it as int8), called in turn (interleaved, so they share the
+machine's noise); min and median ms over the repeats, and the weight bytes
+a call reads over the GEMV bandwidth measured in the same process (x bound).
 """
 import argparse
 import time
@@ -14,6 +15,7 @@ import time
 import jax
 import jax.numpy as jnp
 import numpy as np
+from trax import layers as tl
 from trax import shapes
 
 from terraformer.benchmarks import bytes_read
@@ -24,14 +26,18 @@ from terraformer.layers.multiplicative_dense import MultiplicativeDense
 from terraformer.layers.sparse_ff import SparseFF
 
 # name: (layer factory, d_model); the shapes of gin/scaling_800m and
-# gin/bench/17b_*.gin (loss sparsity S = 4 over vocab 32100; FF N = 64).
+# gin/bench/17b_*.gin (loss sparsity S = 4 over vocab 32100; FF N = 64; the
+# dense models' one-row products: the 800M FF's first layer, a 17B
+# attention projection).
 CASES = {
     '800m_loss': (lambda: MultiplicativeDense(4, 8025, use_bias=True), 1024),
     '800m_ff': (lambda: SparseFF(6144, 64, 64, mode='predict'), 1024),
+    '800m_dense_ff': (lambda: tl.Dense(4096), 1024),
     '17b_loss': (lambda: MultiplicativeDense(4, 8025, use_bias=True), 9216),
+    '17b_dense_qkv': (lambda: tl.Dense(9216), 9216),
 }
 VARIANTS = (('xla f32', None), ('ffi f32', 'float32'),
-            ('ffi bf16', 'bfloat16'), ('ffi int8', 'int8'))
+            ('ffi bf16', 'bfloat16'), ('ffi int8', 'int8'), ('ffi q8', 'q8'))
 
 
 def _calls(make, x):
@@ -71,7 +77,8 @@ def main(argv=None):
   if not kernels.available():
     raise SystemExit(f'kernels not available: {kernels.unavailable_reason()}')
   gbps, _ = decode_speed.gemv_bandwidth()
-  print(f'kernels: {kernels.set_isa()}; GEMV {gbps:.1f} GB/s (median)')
+  print(f'kernels: {kernels.set_isa()}, q8 GEMV {kernels.gemv_isa()}; GEMV '
+        f'{gbps:.1f} GB/s (median)')
   for case in args.cases.split(','):
     make, d = CASES[case]
     x = jnp.full((1, 1, d), 0.1, jnp.float32)

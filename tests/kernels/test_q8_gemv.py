@@ -17,6 +17,7 @@ from trax import shapes
 
 from terraformer import kernels
 from terraformer.benchmarks import weight_factory
+from terraformer.decoding import step as decode_step
 from terraformer.kernels import layers as kernel_layers
 from terraformer.layers.multiplicative_dense import MultiplicativeDense
 
@@ -268,3 +269,28 @@ def test_random_q8_weights_have_store_weights_structure(monkeypatch):
   assert np.all(np.abs(packed[:3]).max(axis=(1, 3)) == 127)
   values = packed[:3] * np.asarray(scale)[:48].reshape(3, 1, 16, 1)
   assert abs(values.std() * 8 - 1) < 0.1
+
+
+def test_environment_variable_forces_the_gemv_path(monkeypatch):
+  """TERRAFORMER_GEMV_ISA, read when the library loads, forces a path (a
+  benchmark of the fallbacks needs no code); an unknown name leaves the
+  kernels unavailable, saying why. The decode path names the path taken."""
+  assert kernels.available(), kernels.unavailable_reason()
+  fresh = lambda: {'lib': None, 'tried': False, 'error': None}
+  try:
+    monkeypatch.setenv(kernels.GEMV_ISA_ENV, 'scalar')
+    monkeypatch.setattr(kernels, '_state', fresh())
+    assert kernels.gemv_isa() == 'scalar'
+    assert decode_step.describe_options(('ffi', 'q8')) == (
+        f'ffi ({kernels.set_isa()}, q8 scalar), q8 weights')
+    assert decode_step.describe_options(('ffi', 'int8')) == (
+        f'ffi ({kernels.set_isa()}), int8 weights')
+    monkeypatch.setenv(kernels.GEMV_ISA_ENV, 'avx9')
+    monkeypatch.setattr(kernels, '_state', fresh())
+    assert not kernels.available() and kernels.gemv_isa() is None
+    assert kernels.unavailable_reason() == (
+        f"{kernels.GEMV_ISA_ENV}='avx9': not one of "
+        f'{kernels.GEMV_ISA_NAMES}')
+  finally:
+    monkeypatch.undo()
+    kernels.set_gemv_isa(kernels.GEMV_ISA_NAMES[-1])
