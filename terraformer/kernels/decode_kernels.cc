@@ -81,18 +81,26 @@ TF_AVX2 inline __m256 load8(const int8_t* p) {
   return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q));
 }
 
+// The instruction sets the kernels use, as this CPU has them.
+struct CpuFeatures {
+  bool avx2, avx512, avx512_vnni;
+};
+
+CpuFeatures ProbeCpu() {
+  __builtin_cpu_init();
+  const bool fma = __builtin_cpu_supports("fma");
+  const bool avx512 = fma && __builtin_cpu_supports("avx512f") &&
+                      __builtin_cpu_supports("avx512bw") &&
+                      __builtin_cpu_supports("avx512vl");
+  return {fma && __builtin_cpu_supports("avx2"), avx512,
+          avx512 && __builtin_cpu_supports("avx512vnni")};
+}
+
 enum class Isa { kScalar, kAvx2, kAvx512 };
 
 Isa DetectIsa() {
-  __builtin_cpu_init();
-  if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-      __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("fma")) {
-    return Isa::kAvx512;
-  }
-  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) {
-    return Isa::kAvx2;
-  }
-  return Isa::kScalar;
+  const CpuFeatures cpu = ProbeCpu();
+  return cpu.avx512 ? Isa::kAvx512 : cpu.avx2 ? Isa::kAvx2 : Isa::kScalar;
 }
 
 // Set by tf_set_isa (tests force the fallbacks); starts at the best one.
@@ -477,16 +485,10 @@ constexpr float kQ8Tiny = 1e-30f;
 enum class GemvIsa { kScalar, kAvx2, kAvx512Vnni };
 
 GemvIsa DetectGemvIsa() {
-  __builtin_cpu_init();
-  if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-      __builtin_cpu_supports("avx512vl") &&
-      __builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("fma")) {
-    return GemvIsa::kAvx512Vnni;
-  }
-  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) {
-    return GemvIsa::kAvx2;
-  }
-  return GemvIsa::kScalar;
+  const CpuFeatures cpu = ProbeCpu();
+  return cpu.avx512_vnni ? GemvIsa::kAvx512Vnni
+         : cpu.avx2      ? GemvIsa::kAvx2
+                         : GemvIsa::kScalar;
 }
 
 // Set by tf_set_gemv_isa (tests force the fallbacks); starts at the best.

@@ -35,15 +35,6 @@ def _isa_or_skip(set_isa, name):
     pytest.skip(f'this CPU lacks {name} (kernels use {used})')
 
 
-@pytest.fixture
-def split_every_product():
-  """Splits every product over the thread pool; restores the threshold."""
-  before = kernels.set_parallel_bytes()
-  kernels.set_parallel_bytes(0)
-  yield
-  kernels.set_parallel_bytes(before)
-
-
 # (T, S, K, N). 6 rows: N = 37 and K = 13 give vector tails in both
 # directions. 13 rows (>= 8: the row-blocked AVX2 path, split into row groups
 # of 8 when parallel): a 4-row block tail, K over two tiles of 256 rows, N =

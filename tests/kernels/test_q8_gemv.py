@@ -39,15 +39,6 @@ def gemv_isa():
   kernels.set_gemv_isa(kernels.GEMV_ISA_NAMES[-1])
 
 
-@pytest.fixture
-def split_every_product():
-  """Splits every product over the thread pool; restores the threshold."""
-  before = kernels.set_parallel_bytes()
-  kernels.set_parallel_bytes(0)
-  yield
-  kernels.set_parallel_bytes(before)
-
-
 def _pack(q):
   """numpy: int8 W [K, N] -> [ceil(N/16), Kp/4, 16, 4], P[g, p, j, i] =
   W[4p + i, 16g + j], zeros past K (Kp = K rounded up to 32) and N."""
