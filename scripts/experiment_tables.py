@@ -218,6 +218,32 @@ def rouge(data, opts):
   return ['F1 (%)'] + [name for _, name in ROUGE], rows
 
 
+def settings(pairs, opts):
+  """Several terraformer-eval summaries of one split, a row per setting, with
+  the fluency shares; then the references' fluency and the yardsticks of the
+  first summary (the same papers)."""
+  columns = (['setting'] + [name for _, name in ROUGE] +
+             ['words', 'known trigrams (%)', 'repeated trigrams (%)'])
+  fluency_cells = lambda f: [f'{100 * f["known_trigrams"]:.1f}',
+                             f'{100 * f["repeated_trigrams"]:.1f}']
+  pct = lambda scores: [f'{100 * scores[k]:.2f}' for k, _ in ROUGE]
+  rows = [[opts.label(name)] + pct(data) +
+          [f'{data["prediction_words"]:.1f}'] +
+          fluency_cells(data['fluency']['model']) for name, data in pairs]
+  first = pairs[0][1]
+  rows.append([opts.label('references'), MISSING, MISSING, MISSING,
+               f'{first["reference_words"]:.1f}'] +
+              fluency_cells(first['fluency']['references']))
+  base = first.get('baselines') or {}
+  k, seed = first.get('baseline_k'), first.get('baseline_seed')
+  for key, name in ((f'lead_{k}', f'lead-{k}'),
+                    (f'random_{k}', f'random {k} (seed {seed})')):
+    if key in base:
+      rows.append([opts.label(name)] + pct(base[key]) +
+                  [f'{base[key]["words"]:.1f}', MISSING, MISSING])
+  return columns, rows
+
+
 # ---------------------------------------------------------------------------
 # terraformer-info
 
@@ -481,6 +507,8 @@ MODES = {
                      "a Markdown table (terraformer-export's table.md)"),
     'rouge': Mode(rouge, 'json',
                   "terraformer-eval's eval_<split>_step<N>.json"),
+    'settings': Mode(settings, 'labelled', "LABEL=PATH of terraformer-eval's "
+                     'eval_<split>_step<N>.json (one split, several settings)'),
     'params': Mode(params, 'labelled', 'LABEL=PATH of terraformer-info --json'),
     'plan': Mode(plan, 'labelled',
                  'LABEL=PATH of terraformer-info --devices=N --json'),
