@@ -136,7 +136,7 @@ def _random_q8_matrix(shape, rng):
 
 
 def random_stored_weights(model, weight_shapes, storage, seed=0):
-  """Random weights made directly in the decode storage (int8, bfloat16).
+  """Random weights made directly in the decode storage (int8, q8, bfloat16).
 
   `model` must have its kernel layers installed (`decode_step.make_step`
   does it). The kernel layers' matrices, those `kernel_layers.store_weights`

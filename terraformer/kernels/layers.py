@@ -8,13 +8,16 @@ behaviour stay the same; only the predict-mode forward changes):
   MultiplicativeDense  -> KernelMultiplicativeDense   tf_skinny_matmul
                           (sparse QKV's and the sparse loss's, §3.2-3.3)
   tl.Dense             -> KernelDense                 tf_skinny_matmul
+                          (both: tf_q8_matmul with 'q8' storage)
 
 `store_weights(model, weights, storage)` then converts those layers' large
 matrices (W1ᵀ and W2 of SparseFF, E of MultiplicativeDense, W of Dense) to
 bfloat16, or to int8 with one float32 scale per row (appended after the
 layer's own weights: scaled rows of W1ᵀ/W2 are units, rows of E and W are
 input features, whose scales fold into the input). Controllers, biases,
-embeddings and attention caches stay float32.
+embeddings and attention caches stay float32. `map_leaf_layers` is the walk
+over a model's layers and weights that both this and the benchmark's random
+weights (`terraformer.benchmarks.weight_factory`) use.
 
 'q8' storage is int8 weights AND int8 activations for the dense products
 (E and W): `pack_q8` stores W [K, N] output-major for the Q8 GEMV kernel
@@ -22,14 +25,13 @@ embeddings and attention caches stay float32.
 output, appended like int8's), and each call quantizes its input rows to
 int8 per block of 32 (`quantize_activations`), the products being integer
 dot products. SparseFF, whose step reads single rows, stores W1ᵀ and W2 as
-'int8'. `map_leaf_layers` is the walk
-over a model's layers and weights that both this and the benchmark's random
-weights (`terraformer.benchmarks.weight_factory`) use.
+'int8'.
 
 Each layer calls its kernel when `use_ffi` and the library is loaded
 (`terraformer.kernels.available()`) and the step has at most MAX_FFI_ROWS
 rows (tokens x modules); otherwise it runs the XLA code of its parent class
-on dequantized weights (first calls over a whole prompt, missing library).
+on dequantized weights ('q8': `q8_product`, the same quantized product) (first
+calls over a whole prompt, missing library).
 Training never sees these classes: only predict-mode models are installed.
 """
 import jax
@@ -239,12 +241,13 @@ class KernelDense(_KernelMixin, trax_core.Dense):
 
   def forward(self, x):
     w, bias, scale = self._split()
+    ffi = self._ffi(int(np.prod(x.shape[:-1])))
     if is_q8(w):
-      if self._ffi(int(np.prod(x.shape[:-1]))):
+      if ffi:
         return kernels.q8_matmul(x, w, scale, None, bias).astype(x.dtype)
       y = q8_product(x, w, scale)
       return (y if bias is None else y + bias).astype(x.dtype)
-    if self._ffi(int(np.prod(x.shape[:-1]))):
+    if ffi:
       return kernels.skinny_matmul(x, w, None, scale, bias).astype(x.dtype)
     y = jnp.dot(x, _load(w, scale))
     return y if bias is None else y + bias
