@@ -9,6 +9,7 @@ from terraformer.data.vocab import get_vocab
 from terraformer.data.vocab import Vocab
 from terraformer.data.arithmetic import arithmetic_stream
 from terraformer.data.c4 import c4_lm_stream
+from terraformer.data.c4 import c4_prefix_lm_stream
 from terraformer.data.c4 import c4_stream
 from terraformer.data.summarization import summarization_pairs
 from terraformer.data.summarization import summarization_stream

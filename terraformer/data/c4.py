@@ -1,4 +1,5 @@
-"""C4 pretraining streams (§4.4 and appendix 6.5): masked words and plain LM.
+"""C4 pretraining streams (§4.4 and appendix 6.5): masked words, plain LM
+and prefix LM.
 
 The paper pretrains on C4 and says only that it "mask[s] single words (we do
 not use the Pegasus sentence loss)" (§4.4). It gives no masking rate nor
@@ -22,7 +23,9 @@ with every span one word long:
 Documents are packed: words are taken in order, across document boundaries
 (marked by EOS), until the inputs or the targets would overflow; so no
 target is ever truncated. Decoder-only models use `c4_lm_stream`: documents
-with EOS, concatenated and cut into windows.
+with EOS, concatenated and cut into windows. `c4_prefix_lm_stream` cuts the
+same windows into an encoder prefix and the decoder's continuation (T5's
+prefix LM; not the paper's objective).
 
 Documents come from TFDS (`source='tfds'`, C4 by default) or, offline, from
 the paper bodies of an aclsum split (`source='aclsum'`, one document per
@@ -324,6 +327,24 @@ def c4_stream(split='train', source='tfds', input_len=1024, target_len=256,
       batch_size, per_process=source == 'tfds')
 
 
+def _windows(documents, eos_id, length, pack):
+  """Windows of `length` tokens of documents each followed by EOS: with
+  `pack`, documents are concatenated and cut; else each is cut on its own
+  (its last window shorter). The last window of the stream may be shorter."""
+  pending = np.zeros(0, np.int32)
+  for ids in documents:
+    pending = np.concatenate([pending, ids, [eos_id]]).astype(np.int32)
+    n_full = len(pending) // length
+    for i in range(n_full):
+      yield pending[i * length:(i + 1) * length]
+    pending = pending[n_full * length:]
+    if not pack and len(pending):
+      yield pending
+      pending = pending[:0]
+  if len(pending):
+    yield pending
+
+
 @gin.configurable(module='terraformer.data')
 def c4_lm_stream(split='train', source='tfds', seq_len=1024, batch_size=8,
                  pack=True,
@@ -349,26 +370,67 @@ def c4_lm_stream(split='train', source='tfds', seq_len=1024, batch_size=8,
       split, source, dataset, data_dir, version, vocab_size, vocab_path,
       papers_dir, seed, shuffle, text_key)
   rng = np.random.default_rng(seed)
-
-  def windows():
-    pending = np.zeros(0, np.int32)
-    for ids in _documents(one_pass, vocab, min_doc_tokens, max_doc_tokens,
-                           repeat, where):
-      pending = np.concatenate([pending, ids, [vocab.eos_id]]).astype(np.int32)
-      n_full = len(pending) // seq_len
-      for i in range(n_full):
-        yield pending[i * seq_len:(i + 1) * seq_len]
-      pending = pending[n_full * seq_len:]
-      if not pack and len(pending):
-        yield pending
-        pending = pending[:0]
-    if len(pending):
-      yield pending
+  documents = _documents(one_pass, vocab, min_doc_tokens, max_doc_tokens,
+                         repeat, where)
 
   def padded():
-    for window in windows():
+    for window in _windows(documents, vocab.eos_id, seq_len, pack):
       tokens, weights = streams._pad_to(window, seq_len)  # pylint: disable=protected-access
       yield tokens, tokens, weights
+
+  return streaming.batched(
+      streaming.shuffled(padded(), shuffle_buffer if shuffle else 0, rng),
+      batch_size, per_process=source == 'tfds')
+
+
+@gin.configurable(module='terraformer.data')
+def c4_prefix_lm_stream(split='train', source='tfds', input_len=1024,
+                        target_len=256, batch_size=8, pack=True,
+                        vocab_size=32000, vocab_path=None, papers_dir=None,
+                        dataset='c4/en', version=None, data_dir=None,
+                        text_key='text', min_doc_tokens=1,
+                        max_doc_tokens=None, shuffle_buffer=1024, seed=0,
+                        repeat=True, shuffle=None):
+  """Returns a generator of prefix-LM batches for encoder-decoders.
+
+  T5's "prefix language modeling" objective (Raffel et al., §3.3.2): text is
+  cut into windows of `input_len - 1 + target_len` tokens (documents each
+  followed by EOS, packed as in `c4_lm_stream`); the encoder reads the first
+  `input_len - 1` tokens and EOS, the decoder predicts the `target_len`
+  tokens that follow. Not the paper's pretraining (it masks single words,
+  `c4_stream`): a deliberate alternative, whose decoder learns to continue
+  running text rather than to fill in masked words. Arguments are those of
+  `c4_stream`; the model's vocabulary needs no sentinels.
+
+  Returns:
+    A generator of `(inputs, targets, weights)`: inputs `(batch_size,
+    input_len)`, targets and weights `(batch_size, target_len)`; a window
+    cut short (the end of the stream, or of a document without `pack`) is
+    zero-padded, its weights 0 on the padding.
+  """
+  streams._check_positive(  # pylint: disable=protected-access
+      input_len=input_len, target_len=target_len, batch_size=batch_size,
+      min_doc_tokens=min_doc_tokens)
+  if input_len < 2:
+    raise TerraformerError(
+        f'c4_prefix_lm_stream needs input_len >= 2, got {input_len}')
+  vocab, one_pass, shuffle, where = _open(
+      split, source, dataset, data_dir, version, vocab_size, vocab_path,
+      papers_dir, seed, shuffle, text_key)
+  rng = np.random.default_rng(seed)
+  documents = _documents(one_pass, vocab, min_doc_tokens, max_doc_tokens,
+                         repeat, where)
+  prefix = input_len - 1
+
+  def padded():
+    for window in _windows(documents, vocab.eos_id, prefix + target_len,
+                           pack):
+      if len(window) <= prefix:
+        continue  # No target token to predict.
+      inputs = np.concatenate([window[:prefix], [vocab.eos_id]])
+      inputs, _ = streams._pad_to(inputs.astype(np.int32), input_len)  # pylint: disable=protected-access
+      targets, weights = streams._pad_to(window[prefix:], target_len)  # pylint: disable=protected-access
+      yield inputs, targets, weights
 
   return streaming.batched(
       streaming.shuffled(padded(), shuffle_buffer if shuffle else 0, rng),

@@ -186,6 +186,31 @@ def test_lm_stream_packs_documents_with_eos(vocab, docs, papers_dir):
   assert list(tokens) == [t for d in kept for t in d]
 
 
+def test_prefix_lm_splits_each_window_into_prefix_and_continuation(
+    vocab, docs, papers_dir):
+  with tfds_mock.texts({'validation': [{'text': d} for d in docs]}):
+    batches = list(c4.c4_prefix_lm_stream(
+        split='validation', input_len=17, target_len=8, batch_size=2,
+        vocab_size=V, papers_dir=papers_dir, repeat=False))
+  text = [t for d in vocab.encode_batch(docs) for t in d + [vocab.eos_id]]
+  eos = vocab.eos_id
+  rows = [tuple(b[i] for b in batch) for batch in batches
+          for i in range(len(batch[0]))
+          if batch[2][i].any()]  # The last batch is filled with empty rows.
+  # Window k holds text[24k : 24k + 24]: 16 prefix tokens + EOS in, 8 out.
+  for k, (inputs, targets, weights) in enumerate(rows):
+    window = text[24 * k:24 * (k + 1)]
+    assert inputs.shape == (17,) and targets.shape == weights.shape == (8,)
+    prefix, continuation = window[:16], window[16:]
+    assert list(inputs[:len(prefix) + 1]) == prefix + [eos]
+    assert list(targets[:len(continuation)]) == continuation
+    np.testing.assert_array_equal(weights, np.arange(8) < len(continuation))
+  # Every token of the text is read once, in order; a last window without
+  # a continuation token is dropped.
+  n_windows = len(text) // 24 + (len(text) % 24 > 16)
+  assert len(rows) == n_windows
+
+
 def test_repeat_is_endless(vocab, docs, papers_dir):
   with tfds_mock.texts({'train': [{'text': d} for d in docs[:3]]}):
     one_pass = len(list(_masked(papers_dir, split='train', batch_size=1)))
@@ -212,6 +237,8 @@ def test_errors(vocab, papers_dir, tmp_path):
     _masked(papers_dir, dataset='no_such_dataset', data_dir=str(tmp_path))
   with pytest.raises(TerraformerError, match='noise_density'):
     _masked(papers_dir, noise_density=0.0)
+  with pytest.raises(TerraformerError, match='input_len >= 2'):
+    c4.c4_prefix_lm_stream(input_len=1, vocab_size=V, papers_dir=papers_dir)
   with pytest.raises(TerraformerError, match='target_len >= 3'):
     _masked(papers_dir, target_len=2)
   with tfds_mock.texts({'validation': [{'text': ' '}, {'text': ''}]}):
