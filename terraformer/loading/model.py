@@ -4,7 +4,8 @@
 (predict for decoding, eval for perplexity) and gives it the checkpoint's
 weights, placed by the model's weight signature and checked array by array
 against it: a checkpoint of another config is one error line, never a
-partial load. `with_weights` gives a model weights already in memory.
+partial load. `load_weights` reads them for a model built elsewhere (the
+benchmarks), `with_weights` gives a model weights already in memory.
 """
 import jax
 import jax.numpy as jnp
@@ -31,8 +32,19 @@ def load_model(model_fn, output_dir, mode, signature):
   Returns:
     (model, step of the checkpoint).
   """
-  path = checkpoint_path(output_dir)
   model = model_fn(mode=mode)
+  weights, step = load_weights(model, output_dir, signature)
+  return with_weights(model, weights, signature), step
+
+
+def load_weights(model, output_dir, signature):
+  """The checkpoint's weights as `model`'s weights tree (checked array by
+  array against its weight signature; the model is left unchanged).
+
+  Returns:
+    (weights, step of the checkpoint).
+  """
+  path = checkpoint_path(output_dir)
   flat, step = checkpoint_format.load_flat_weights(path)
   weights_sig = decoding.weights_signature(model, signature)
   n_expected = len(tl.flatten_weights_and_state(weights_sig, ())[0])
@@ -49,7 +61,7 @@ def load_model(model_fn, output_dir, mode, signature):
           f'checkpoint {path}: weight of shape {tuple(got.shape)} where the '
           f'configured model has {tuple(want.shape)}: was it trained with '
           'this config?')
-  return with_weights(model, weights, signature), step
+  return weights, step
 
 
 def with_weights(model, weights, signature):
