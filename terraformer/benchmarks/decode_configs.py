@@ -23,8 +23,11 @@ from terraformer import config
 from terraformer.benchmarks import decode_speed
 from terraformer.benchmarks import step_profile
 from terraformer.benchmarks import weight_factory
+from terraformer.decoding import search as decoding
 from terraformer.decoding import step as decode_step
 from terraformer import errors
+from terraformer.loading import model as loading_model
+from terraformer.loading import vocab as loading_vocab
 
 # Keyword arguments of model functions that set the number of decoder blocks.
 BLOCK_KWARGS = ('n_decoder_layers', 'n_layers')
@@ -134,6 +137,24 @@ def spec_from_gin(name, fit_blocks=None):
     decode_step.bind_options(base, options)
     weight_factory.bind_bench_weights(base, created)
   return decode_speed.ModelSpec(name, model, base, n_blocks)
+
+
+def is_dense(selector, kwargs):
+  """True for a dense Transformer: no `*sparsity` keyword set (sparse FF,
+  QKV, loss, encoder or cross attention) and not a Terraformer (LSH
+  attention, reversible blocks)."""
+  return (selector.split('.')[-1] != 'Terraformer' and
+          not any(v for k, v in kwargs.items() if k.endswith('sparsity')))
+
+
+def model_kind():
+  """What the dense baseline of the parsed config's model is matched on:
+  dict of dense (`is_dense`), d_model and decode_options ([kernels,
+  storage], `decode_step.decode_options`)."""
+  _, selector, kwargs = configured_model()
+  return {'dense': is_dense(selector, kwargs),
+          'd_model': kwargs.get('d_model'),
+          'decode_options': list(decode_step.decode_options())}
 
 
 def paper_seconds():
@@ -247,16 +268,18 @@ def run(configs, parse, tokens=32, prompt_len=16, repeats=5, seed=0,
     `speedup_per_block`, `paper_seconds` (the config's
     PAPER_DECODE_SECONDS or None), with compare_trax, `trax` (the
     reference's result), `speedup_over_trax` and
-    `speedup_over_trax_per_block`, and with project_layers the `projected_*`
-    fields of `project`.
+    `speedup_over_trax_per_block`, with project_layers the `projected_*`
+    fields of `project`, and `model_kind`'s fields with the speedups over
+    the dense model of the same decode options (`add_dense_speedups`).
   """
   if project_layers is not None and compare_trax:
     raise errors.TerraformerError(
         '--project_layers and --compare_trax cannot be combined')
-  specs, papers = [], []
+  specs, papers, kinds = [], [], []
   for name, config in configs:  # Builds (and so checks) every model first.
     parse(config, [])
     papers.append(paper_seconds())
+    kinds.append(model_kind())
     specs.append(spec_from_gin(
         name, None if project_layers is None else fit_blocks))
     if compare_trax:
@@ -276,6 +299,7 @@ def run(configs, parse, tokens=32, prompt_len=16, repeats=5, seed=0,
     result = timed[step * k]
     result['config'] = config
     result['paper_seconds'] = papers[k]
+    result.update(kinds[k])
     if project_layers is not None:
       project(result, project_layers)
     if compare_trax:
@@ -291,6 +315,7 @@ def run(configs, parse, tokens=32, prompt_len=16, repeats=5, seed=0,
     if project_layers is not None:
       result['projected_speedup'] = (results[0]['projected_ms_per_token'] /
                                      result['projected_ms_per_token'])
+  add_dense_speedups(results)
   if project_layers is not None:
     settings.update(project_layers=project_layers, fit_blocks=fit_blocks)
   return {'bandwidth_gbps': bandwidth, 'bandwidth_gbps_max': bandwidth_max,
@@ -321,6 +346,37 @@ def project(result, n_layers):
         (result['bandwidth_gbps'] * 1e9))
 
 
+def add_dense_speedups(results):
+  """Adds to each result its speedups over a dense model, measured and at
+  the dense model's bound.
+
+  A result's dense baseline is the first result of the run with `dense`
+  set, the same decode options (kernels and storage) and the same d_model
+  (`model_kind`): `dense_baseline` (its name, or None where the run has
+  none), `speedup_vs_dense` (its ms/token over this one's, both measured)
+  and `speedup_vs_dense_bound` (its bound, bytes read / the run's GEMV
+  bandwidth, over this one's ms/token: the speedup over a dense model
+  that decoded at memory speed). Projected results (`project`) also get
+  `projected_speedup_vs_dense` and `projected_speedup_vs_dense_bound` from
+  their projected figures. None where a figure is missing.
+  """
+  ratio = lambda a, b: a / b if a and b else None
+  for result in results:
+    base = next((r for r in results if r.get('dense') and
+                 r['decode_options'] == result['decode_options'] and
+                 r['d_model'] == result['d_model']), None)
+    result['dense_baseline'] = base['name'] if base else None
+    base = base or {}
+    for prefix in ('', 'projected_'):
+      ms = result.get(f'{prefix}ms_per_token')
+      if prefix and ms is None:
+        continue
+      result[f'{prefix}speedup_vs_dense'] = ratio(
+          base.get(f'{prefix}ms_per_token'), ms)
+      result[f'{prefix}speedup_vs_dense_bound'] = ratio(
+          base.get(f'{prefix}bound_ms_per_token'), ms)
+
+
 def _add_speedups(result, baseline):
   result['speedup'] = baseline['ms_per_token'] / result['ms_per_token']
   if result.get('ms_per_block') and baseline.get('ms_per_block'):
@@ -334,21 +390,71 @@ def _add_speedups(result, baseline):
 # Logit agreement; XLA operations per decoder block; a traced step.
 
 
-def agreement(configs, parse, tokens=32, prompt_len=16, seed=0, log=print):
-  """Logits of each configuration against the first's, same random weights.
+def _check_length(name, model, tokens, prompt_len):
+  """TerraformerError unless the prompt and `tokens` fit the model's
+  positions (Trax clamps the positions past them silently)."""
+  limit = decoding.model_max_length(model)
+  encdec = decode_step.is_encoder_decoder(model)
+  need = max(prompt_len, tokens + 1) if encdec else prompt_len + tokens
+  if limit and need > limit:
+    raise errors.TerraformerError(
+        f'{name}: --prompt_len={prompt_len} and --tokens={tokens} need '
+        f'{need} positions, the model has {limit} (max_len)')
 
-  Every model gets the weights `weight_factory.random_weights(seed)` (then its
-  own decode storage: bf16/int8 for kernel configs) and decodes `tokens`
-  tokens after the same prompt; the others are fed the first model's greedy
-  tokens, so logits are compared position by position. One model at a time
-  is held in memory.
+
+def prompt_tokens(path, prompt_len, encoder_decoder):
+  """The prompt in a text file, tokenized with the parsed config's vocab
+  (`terraformer.text_vocab`): an LM's first `prompt_len` tokens; an
+  encoder-decoder's input as in training (`loading.vocab.encode_input`: ids
+  + EOS, cut to `prompt_len`, padded with 0)."""
+  try:
+    with open(path, encoding='utf-8') as f:
+      text = f.read()
+  except (OSError, UnicodeDecodeError) as e:
+    raise errors.TerraformerError(f'--prompt_file={path}: {e}') from None
+  try:
+    vocab = loading_vocab.text_vocab()
+  except (ValueError, TypeError) as e:  # text_vocab.vocab_size not bound.
+    raise errors.TerraformerError(
+        f'--prompt_file: the config has no text vocab ({e})') from None
+  if encoder_decoder:
+    ids, _ = loading_vocab.encode_input(vocab, text, prompt_len)
+    return ids + [0] * (prompt_len - len(ids))
+  ids = list(vocab.encode(text))
+  if len(ids) < prompt_len:
+    raise errors.TerraformerError(
+        f'--prompt_file={path} has {len(ids)} tokens, fewer than '
+        f'--prompt_len={prompt_len}')
+  return ids[:prompt_len]
+
+
+def agreement(configs, parse, tokens=32, prompt_len=16, seed=0, log=print,
+              checkpoint=None, prompt_file=None):
+  """Logits of each configuration against the first's, the same weights.
+
+  Every model gets the same float32 weights, `weight_factory.random_weights
+  (seed)` or with `checkpoint` those of a trained checkpoint (an
+  `output_dir` of terraformer-train, loaded and checked as terraformer-
+  decode loads it), then its own decode storage (bf16/int8/q8 for kernel
+  configs; `bench_weights.noise` perturbs them), and decodes `tokens`
+  tokens after the same prompt (random ids, or `prompt_tokens` of
+  `prompt_file`). Teacher-forced: the others are fed the first model's
+  greedy tokens, so logits are compared position by position; up to the
+  first position whose argmax differs, a free-running greedy decode would
+  emit the same tokens. One model at a time is held in memory.
 
   Returns:
     list of dicts: name, config, decode_path, max_abs_logit_delta (vs the
     first), greedy_agreement (fraction of positions with the first's
-    argmax), max_abs_logit (the first's, for scale).
+    argmax), first_difference (the first such position that differs, None
+    if none), greedy_tokens (the model's argmax at each position),
+    max_abs_logit and min_top2_margin (the first's largest |logit| and
+    smallest gap between its two largest logits: a |delta logit| below
+    half of it cannot change an argmax), tokens, prompt ('random' or the
+    file) and prompt_ids (its tokens), checkpoint and checkpoint_step (None for random weights), noise
+    (`bench_weights.noise`).
   """
-  results, reference = [], None
+  results, reference, prompt = [], None, None
   for name, config in configs:
     parse(config, [])
     spec = spec_from_gin(name)
@@ -356,24 +462,43 @@ def agreement(configs, parse, tokens=32, prompt_len=16, seed=0, log=print):
       raise errors.TerraformerError(
           f"--agreement: {name} sets bench_weights.created = 'stored': "
           'its weights would not be the float32 weights of the others')
+    _check_length(name, spec.model, tokens, prompt_len)
+    if prompt_file and prompt is None:
+      prompt = prompt_tokens(prompt_file, prompt_len,
+                             decode_step.is_encoder_decoder(spec.model))
+    weights, step = None, None
+    if checkpoint:
+      log(f'agreement: {name}: weights of {checkpoint}')
+      weights, step = loading_model.load_weights(
+          spec.model, checkpoint,
+          decode_step.predict_signature(spec.model, prompt_len))
     log(f'agreement: {name}...')
-    timer = decode_speed.DecodeTimer(spec.model, tokens, prompt_len, seed)
-    del spec
+    timer = decode_speed.DecodeTimer(spec.model, tokens, prompt_len, seed,
+                                     weights=weights, prompt=prompt)
+    noise = weight_factory.weights_noise(spec.model)
+    del spec, weights
     logits, own = timer.logits(None if reference is None else reference[1])
-    path = timer.decode_path
+    path, prompt_ids = timer.decode_path, np.asarray(timer.prompt)[0]
     timer.close()
     del timer
     gc.collect()
     if reference is None:
       reference = (logits, own)
     ref_logits, ref_tokens = reference
+    same = np.asarray(own) == np.asarray(ref_tokens)
+    top2 = np.sort(ref_logits, axis=-1)[:, -2:]
     results.append({
         'name': name, 'config': config, 'decode_path': path,
         'max_abs_logit_delta': float(np.abs(logits - ref_logits).max()),
-        'greedy_agreement': float(np.mean(np.asarray(own) ==
-                                          np.asarray(ref_tokens))),
+        'greedy_agreement': float(np.mean(same)),
+        'first_difference': (None if same.all()
+                             else int(np.argmin(same))),
+        'greedy_tokens': [int(t) for t in own],
         'max_abs_logit': float(np.abs(ref_logits).max()),
-        'tokens': tokens})
+        'min_top2_margin': float((top2[:, 1] - top2[:, 0]).min()),
+        'tokens': tokens, 'prompt': prompt_file or 'random',
+        'prompt_ids': [int(t) for t in prompt_ids],
+        'checkpoint': checkpoint, 'checkpoint_step': step, 'noise': noise})
   return results
 
 
@@ -569,16 +694,18 @@ def sweep(configs, parse, d_models=DEFAULT_SWEEP_D_MODELS, tokens=16,
   Returns:
     dict: bandwidth_gbps, d_models, rows: one per d_model with, per
     configuration name, its benchmark result, and speedup / per-block
-    speedup of each configuration over the first.
+    speedup of each configuration over the first, and over the dense model
+    of its decode options (`add_dense_speedups`).
   """
   bandwidth, _ = decode_speed.gemv_bandwidth()
   rows = []
   for d_model in d_models:
-    specs = []
+    specs, kinds = [], []
     for name, config in configs:
       parse(config, [])
       _, selector, kwargs = configured_model()
       parse(config, sweep_bindings(selector, kwargs, d_model))
+      kinds.append(model_kind())
       specs.append(spec_from_gin(name))
     log(f'sweep: d_model={d_model}...')
     timed = decode_speed.benchmark_all(specs, tokens, prompt_len, repeats,
@@ -588,8 +715,10 @@ def sweep(configs, parse, d_models=DEFAULT_SWEEP_D_MODELS, tokens=16,
     row = {'d_model': d_model,
            'models': {name: r for (name, _), r in zip(configs, timed)}}
     baseline = row['models'][configs[0][0]]
-    for name, _ in configs:
+    for (name, _), kind in zip(configs, kinds):
+      row['models'][name].update(kind)
       _add_speedups(row['models'][name], baseline)
+    add_dense_speedups(list(row['models'].values()))
     rows.append(row)
     if on_row:
       on_row(row)

@@ -14,6 +14,7 @@ uses, with random weights (`weight_factory`); this module times it.
 import contextlib
 import collections
 import gc
+import os
 import resource
 import time
 import warnings
@@ -22,6 +23,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from terraformer import kernels as kernel_lib
 from terraformer.benchmarks import bytes_read
 from terraformer.benchmarks import weight_factory
 from terraformer.decoding import step as decode_step
@@ -48,6 +50,41 @@ def gemv_bandwidth(megabytes=256, repeats=10):
   size = matrix.size * 4
   del matrix
   return size / np.median(times) / 1e9, size / min(times) / 1e9
+
+
+# ---------------------------------------------------------------------------
+# The machine a table was measured on.
+
+
+def cpu_model(cpuinfo='/proc/cpuinfo'):
+  """The CPU's name (the first 'model name' of /proc/cpuinfo), or None."""
+  try:
+    with open(cpuinfo, encoding='utf-8') as f:
+      for line in f:
+        key, _, value = line.partition(':')
+        if key.strip() == 'model name':
+          return value.strip()
+  except OSError:
+    pass
+  return None
+
+
+def machine(cpuinfo='/proc/cpuinfo'):
+  """What a table's ratios depend on: the CPU and the kernels' paths.
+
+  Returns:
+    dict: cpu_model (/proc/cpuinfo's model name or None), cpu_cores,
+    float_isa (the instruction set the float kernels run: 'avx512', 'avx2'
+    or 'scalar', `kernels.set_isa()`), gemv_isa (the Q8 GEMV's:
+    'avx512vnni', 'avx2' or 'scalar', `kernels.gemv_isa()`) and kernels
+    (None when the library is loaded, else why not; both ISAs are then
+    None and every model runs XLA's code).
+  """
+  built = kernel_lib.available()
+  return {'cpu_model': cpu_model(cpuinfo), 'cpu_cores': os.cpu_count(),
+          'float_isa': kernel_lib.set_isa() if built else None,
+          'gemv_isa': kernel_lib.gemv_isa() if built else None,
+          'kernels': None if built else kernel_lib.unavailable_reason()}
 
 
 # ---------------------------------------------------------------------------
@@ -84,9 +121,14 @@ class DecodeTimer:
   by token; then `tokens` steps are timed, each feeding the argmax of the
   previous logits, and the time per token (ms) is returned. The first
   repeat also compiles: `warm_up()` runs one untimed.
+
+  `weights` (a float32 tree of the model's weight shapes, e.g. a trained
+  checkpoint's) replaces the random weights, `prompt` (`prompt_len` token
+  ids) the random prompt (ids 1..99).
   """
 
-  def __init__(self, model, tokens=32, prompt_len=16, seed=0, shapes_=None):
+  def __init__(self, model, tokens=32, prompt_len=16, seed=0, shapes_=None,
+               weights=None, prompt=None):
     decode_step.check_model(model)
     self.model, self.tokens, self.seed = model, tokens, seed
     self.encdec = decode_step.is_encoder_decoder(model)
@@ -96,11 +138,13 @@ class DecodeTimer:
     step = decode_step.make_step(model)
     # Kernel layers' weights in their decode storage (bf16/int8), if asked.
     self.weights = weight_factory.decode_weights(model, weight_shapes, seed,
-                                                 step)
+                                                 step, weights)
     self.decode_path = decode_step.describe_options(
         decode_step.model_options(model))
-    self.prompt = jnp.asarray(np.random.default_rng(seed).integers(
-        1, 100, size=(1, prompt_len)).astype(np.int32))
+    if prompt is None:
+      prompt = np.random.default_rng(seed).integers(1, 100, size=prompt_len)
+    self.prompt = jnp.asarray(np.asarray(prompt, np.int32).reshape(
+        1, prompt_len))
     self.rng = jax.random.PRNGKey(seed)
     # pure_fn restores the model's weights and state after each call: give
     # it the tree structure only (scalars), not a second set of caches.

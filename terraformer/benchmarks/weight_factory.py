@@ -157,10 +157,11 @@ def random_stored_weights(model, weight_shapes, storage, seed=0):
 # How terraformer-bench makes a model's random weights.
 WEIGHT_SOURCES = ('float32', 'stored')
 _WEIGHTS_ATTR = '_terraformer_bench_weights'
+_NOISE_ATTR = '_terraformer_bench_noise'
 
 
 @gin.configurable(module='terraformer')
-def bench_weights(created='float32'):
+def bench_weights(created='float32', noise=0.0):
   """How terraformer-bench creates random weights (gin; checked).
 
   created: 'float32': a float32 tree that the step converts to
@@ -168,17 +169,39 @@ def bench_weights(created='float32'):
     same weights: --agreement); 'stored': the kernel layers' matrices made
     directly in `decode_options.weights` (`random_stored_weights`), never a
     float32 copy: the 17B models in int8.
+  noise: r > 0 adds Gaussian noise of r times each float32 array's RMS to
+    the weights (random or a checkpoint's) before their decode storage
+    (`with_noise`): a model that is known to differ, to calibrate what
+    --agreement's max |delta logit| and greedy agreement show.
+
+  Returns:
+    `created` (`noise`: `bench_noise()`).
   """
   if created not in WEIGHT_SOURCES:
     raise errors.TerraformerError(
         f'bench_weights.created must be one of {WEIGHT_SOURCES}, got '
         f'{created!r}')
+  if isinstance(noise, bool) or not isinstance(noise, (int, float)) or (
+      not noise >= 0):
+    raise errors.TerraformerError(
+        f'bench_weights.noise must be >= 0, got {noise!r}')
   return created
 
 
-def bind_bench_weights(model, created=None):
-  """Fixes `model`'s `bench_weights` now (default: the gin one)."""
+def bench_noise():
+  """The gin `bench_weights.noise` (0.0 unless bound)."""
+  try:
+    noise = gin.query_parameter('terraformer.bench_weights.noise')
+  except ValueError:  # Not bound: bench_weights' default.
+    return 0.0
+  return float(noise)
+
+
+def bind_bench_weights(model, created=None, noise=None):
+  """Fixes `model`'s `bench_weights` (created and noise) now (default: the
+  gin ones); returns `created`."""
   setattr(model, _WEIGHTS_ATTR, created or bench_weights())
+  setattr(model, _NOISE_ATTR, bench_noise() if noise is None else noise)
   return getattr(model, _WEIGHTS_ATTR)
 
 
@@ -187,14 +210,47 @@ def weights_created(model):
   return getattr(model, _WEIGHTS_ATTR, None) or bench_weights()
 
 
-def decode_weights(model, weight_shapes, seed=0, step=None):
-  """Random weights of `model` in its decode storage, as bench_weights says
-  (`step`: its `decode_step.make_step`, made here if not given)."""
+def weights_noise(model):
+  """`model`'s bound bench_weights noise, else the gin one."""
+  noise = getattr(model, _NOISE_ATTR, None)
+  return bench_noise() if noise is None else noise
+
+
+def with_noise(weights, relative, seed=0):
+  """`weights` with Gaussian noise of `relative` times each floating
+  array's RMS added (a float32 tree; other arrays are kept)."""
+  rng = np.random.default_rng(seed + 2)
+
+  def add(w):
+    w = np.asarray(w)
+    if not np.issubdtype(w.dtype, np.floating) or not w.size:
+      return w
+    rms = np.sqrt(np.mean(np.square(w, dtype=np.float64)))
+    noise = rng.standard_normal(w.shape, dtype=np.float32)
+    return jnp.asarray(w + np.float32(relative * rms) * noise, w.dtype)
+
+  return jax.tree_util.tree_map(add, weights)
+
+
+def decode_weights(model, weight_shapes, seed=0, step=None, weights=None):
+  """`model`'s weights in its decode storage, as bench_weights says:
+  random, or `weights` (a float32 tree of `weight_shapes`, e.g. a trained
+  checkpoint's) stored (`step`: its `decode_step.make_step`, made here if
+  not given)."""
   step = step or decode_step.make_step(model)
   _, storage = decode_step.model_options(model)
+  noise = weights_noise(model)
   if weights_created(model) == 'stored':
+    if weights is not None or noise:
+      raise errors.TerraformerError(
+          "bench_weights.created = 'stored' makes random weights directly "
+          'in their storage: no noise or given weights')
     return random_stored_weights(model, weight_shapes, storage, seed)
-  return step.store_weights(random_weights(weight_shapes, seed, model))
+  if weights is None:
+    weights = random_weights(weight_shapes, seed, model)
+  if noise:
+    weights = with_noise(weights, noise, seed)
+  return step.store_weights(weights)
 
 
 def memory_by_kind(model, weights):

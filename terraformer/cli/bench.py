@@ -6,6 +6,7 @@
   terraformer-bench --trax_user_path --config_file=F [...] [--tokens=N]
   terraformer-bench --xla_ops --config_file=F [...]
   terraformer-bench --agreement --config_file=F --config_file=G [...]
+      [--checkpoint=CKPT_DIR] [--prompt_file=TEXT] [--variants=V,...]
   terraformer-bench --profile_dir=DIR --config_file=F [...] [--tokens=N]
   terraformer-bench --sweep [--config_file=DENSE --config_file=SPARSE]
       [--sweep_d_models=512,1024,2048,4096] [--plot=PATH] [--json=PATH]
@@ -15,13 +16,22 @@ here EACH --config_file is one model: several files are several models,
 timed in one run and compared side by side (the first is the baseline of the
 speedup columns). Join files with '+' to compose them into one model
 (--config_file=a.gin+b.gin). --config bindings apply to every model.
+--variants=KERNELS[:WEIGHTS],... decodes each config as it is and with each
+of those decode options (`decode_options.kernels` and `.weights`), e.g.
+--variants=ffi,ffi:bfloat16,ffi:int8,ffi:q8: model CONFIG+ffi_int8, ...
 
 Every model gets random weights (speed does not depend on them) and decodes
 --tokens tokens greedily, batch 1, after a --prompt_len-token prompt (the
 encoder input of an encoder-decoder, fed token by token to an LM). The table
 shows ms/token (median and range over --repeats), ms per decoder block, the
 bytes of weights and caches a step reads, the bound those bytes give at the
-GEMV bandwidth measured in the same run, and speedups. --compare_trax also
+GEMV bandwidth measured in the same run, and speedups: over the first
+model, over the dense model of the same decode options (kernels, weight
+storage) and d_model in the run, both measured (vs dense), and over that
+dense model at its bound (vs dense@bound: the speedup over a dense model
+that decoded at memory speed). Every table ends with the machine: the CPU
+model and the paths the kernels take (float kernels' and Q8 GEMV's
+instruction sets; the JSON's `machine`). --compare_trax also
 times Trax 1.4.1's reference model with the same settings. --sweep scales
 the models over d_model and plots the speedup of each over the first.
 --project_layers=L times models too large to hold (the 17B ones) with
@@ -30,10 +40,17 @@ bytes to L decoder blocks, beside the paper's seconds (the config's
 PAPER_DECODE_SECONDS). --trax_user_path times whole decode calls instead:
 terraformer.decoding.search.decode next to Trax's own autoregressive_sample.
 --xla_ops counts the XLA operations per decoder block of each model's step.
---agreement compares each model's logits with the first's (same random
-weights, fed the first's greedy tokens): max |delta logit| and greedy
-agreement, e.g. of the fused kernels (gin/bench/800m_*_kernels*.gin,
-`decode_options`) with bf16/int8 weights against float32.
+--agreement compares each model's logits with the first's (the same
+weights, each model fed the first's greedy tokens: teacher-forced): max
+|delta logit|, greedy agreement (the share of positions with the first's
+argmax) and the first position that differs (where a free-running greedy
+decode would depart), e.g. of the fused kernels (--variants or
+gin/bench/800m_*_kernels*.gin, `decode_options`) with bf16/int8/q8 weights
+against XLA float32. The weights are random, or with --checkpoint=CKPT_DIR
+those of a checkpoint terraformer-train wrote for the same config (loaded
+as terraformer-decode loads it); --prompt_file makes the prompt real text.
+The gin binding bench_weights.noise = R adds noise of R x each array's RMS
+to the weights: a model known to differ, to calibrate the check.
 The gin binding bench_weights.created = 'stored' makes each model's kernel
 layer matrices directly in their decode storage (int8 + row scales), never a
 float32 copy: the 17B int8 configs (gin/bench/*17b*_kernels_int8.gin) fit in
@@ -93,6 +110,22 @@ def _define_flags(flag_values):
                     '(same random weights): max |delta logit| and greedy '
                     'agreement over --tokens tokens.',
                     flag_values=flag_values)
+  flags.DEFINE_string('checkpoint', None,
+                      'With --agreement: every model decodes the weights of '
+                      'this checkpoint (an --output_dir of terraformer-train '
+                      'of the same model config) instead of random ones.',
+                      flag_values=flag_values)
+  flags.DEFINE_string('prompt_file', None,
+                      'With --agreement: the prompt (encoder input) is the '
+                      "text of this file, tokenized with the config's "
+                      'vocab, instead of random tokens.',
+                      flag_values=flag_values)
+  flags.DEFINE_list('variants', None,
+                    'Decode each --config_file as it is and with each of '
+                    'these decode options, KERNELS[:WEIGHTS] (e.g. '
+                    'xla,ffi,ffi:bfloat16,ffi:int8,ffi:q8): one model each, '
+                    'named CONFIG+KERNELS_WEIGHTS.',
+                    flag_values=flag_values)
   flags.DEFINE_bool('xla_ops', False,
                     'Count the XLA operations per decoder block of each '
                     'model (compiled from shapes; nothing is timed).',
@@ -151,6 +184,37 @@ def model_name(files, taken):
   return name
 
 
+# A variant's gin bindings ride in its config list after its files (parse
+# tells them apart by the ' = ').
+_BINDING = ' = '
+
+
+def variant_bindings(variant):
+  """(name suffix, gin bindings) of a --variants entry KERNELS[:WEIGHTS]."""
+  from terraformer.decoding import step as decode_step  # pylint: disable=g-import-not-at-top
+  from terraformer.kernels import layers as kernel_layers  # pylint: disable=g-import-not-at-top
+  kernels, _, weights = variant.partition(':')
+  weights = weights or 'float32'
+  if (kernels not in decode_step.KERNEL_MODES or
+      weights not in kernel_layers.STORAGES):
+    raise errors.TerraformerError(
+        f'--variants: {variant!r} is not KERNELS[:WEIGHTS] with KERNELS in '
+        f'{decode_step.KERNEL_MODES} and WEIGHTS in {kernel_layers.STORAGES}')
+  suffix = kernels if weights == 'float32' else f'{kernels}_{weights}'
+  return suffix, [f"decode_options.kernels{_BINDING}'{kernels}'",
+                  f"decode_options.weights{_BINDING}'{weights}'"]
+
+
+def expand_variants(configs, variants):
+  """[(name, config)] with each config followed by one model per variant
+  (`variant_bindings` appended to its config list)."""
+  if not variants:
+    return configs
+  pairs = [variant_bindings(v) for v in variants]
+  return [(f'{name}+{suffix}', list(files) + bindings)
+          for name, files in configs for suffix, bindings in pairs]
+
+
 def _check_writable_folder(path, flag):
   """The folder `path` exists and is writable, or can be made in one."""
   if os.path.exists(path) and not os.path.isdir(path):
@@ -174,13 +238,22 @@ def _log(message):
 
 def _bench(flag_values, model_files):
   from terraformer.benchmarks import decode_configs as benchmark  # pylint: disable=g-import-not-at-top
+  from terraformer.benchmarks import decode_speed  # pylint: disable=g-import-not-at-top
   bindings = list(flag_values.config or [])
 
-  def parse(files, extra):
-    config.parse_gin(files, bindings + list(extra))
+  def parse(model, extra):
+    files = [f for f in model if _BINDING not in f]
+    config.parse_gin(files, bindings + [f for f in model if _BINDING in f]
+                     + list(extra))
 
   taken = set()
   configs = [(model_name(files, taken), files) for files in model_files]
+  configs = expand_variants(configs, flag_values.variants)
+  if ((flag_values.checkpoint or flag_values.prompt_file) and
+      not flag_values.agreement):
+    raise errors.TerraformerError(
+        '--checkpoint and --prompt_file go with --agreement (speed does '
+        'not depend on the weights)')
   if flag_values.sweep:
     try:
       d_models = [int(d) for d in flag_values.sweep_d_models]
@@ -218,7 +291,8 @@ def _bench(flag_values, model_files):
           '--agreement needs two or more models (the first is the reference)')
     report = benchmark.agreement(configs, parse, flag_values.tokens,
                                  flag_values.prompt_len, flag_values.seed,
-                                 log=_log)
+                                 log=_log, checkpoint=flag_values.checkpoint,
+                                 prompt_file=flag_values.prompt_file)
     print(bench_format.format_agreement(report))
   elif flag_values.xla_ops:
     if not configs:
@@ -246,10 +320,21 @@ def _bench(flag_values, model_files):
           if flag_values.project_layers is None
           else bench_format.format_projection(report))
     print(bench_format.format_memory_lines(report))
+  machine = decode_speed.machine()
+  print(bench_format.format_machine(machine))
   if flag_values.json:
     with open(flag_values.json, 'w') as f:
-      json.dump(bench_format.json_report(report), f, indent=2)
+      json.dump(bench_format.json_report(_with_machine(report, machine)), f,
+                indent=2)
   return 0
+
+
+def _with_machine(report, machine):
+  """The report with `machine` (`decode_speed.machine`): a key of a dict
+  report, a key of each row of a list."""
+  if isinstance(report, dict):
+    return dict(report, machine=machine)
+  return [dict(row, machine=machine) for row in report]
 
 
 def main(argv=None):

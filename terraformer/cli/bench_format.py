@@ -13,7 +13,30 @@ def _f(value, fmt):
 
 
 HEADER = ('model', 'ms/token', '[min-max]', 'ms/block', 'MB/token',
-          'MB/block', 'bound ms', 'x bound', 'speedup', 'sp/block', 'vs Trax')
+          'MB/block', 'bound ms', 'x bound', 'speedup', 'sp/block',
+          'vs dense', 'vs dense@bound', 'vs Trax')
+# What the 'vs dense' columns mean, under every speed table.
+DENSE_NOTE = ('vs dense: speedup over the dense model of the same decode '
+              'options and d_model in this run, both measured; vs '
+              'dense@bound: over that dense model at its bound')
+
+
+def _x(value):
+  return '-' if value is None else f'{value:.2f}x'
+
+
+def format_machine(machine):
+  """'machine: <CPU model> (N cores); kernels: float avx512, q8 GEMV
+  avx512vnni' (`decode_speed.machine`), the line under every table."""
+  cpu = machine.get('cpu_model') or 'unknown CPU'
+  if machine.get('cpu_cores'):
+    cpu += f" ({machine['cpu_cores']} cores)"
+  if machine.get('float_isa'):
+    paths = (f"float {machine['float_isa']}, q8 GEMV "
+             f"{machine.get('gemv_isa') or '-'}")
+  else:
+    paths = f"none ({machine.get('kernels')}): XLA's code only"
+  return f'machine: {cpu}; kernels: {paths}'
 
 
 def format_row(result, baseline):
@@ -32,13 +55,15 @@ def format_row(result, baseline):
       _f(result.get('bound_ms_per_token'), '.1f'),
       _f(result.get('achieved_over_bound'), '.2f'),
       f'{speedup:.2f}x', _f(per_block, '.2f'),
+      _x(result.get('speedup_vs_dense')),
+      _x(result.get('speedup_vs_dense_bound')),
       _f(result.get('speedup_over_trax'), '.2f')]
 
 
 def _trax_row(trax):
   return [trax['name'], _f(trax['ms_per_token'], '.1f'),
           f"[{trax['ms_per_token_min']:.1f}-{trax['ms_per_token_max']:.1f}]",
-          _f(trax.get('ms_per_block'), '.2f')] + ['']*7
+          _f(trax.get('ms_per_block'), '.2f')] + [''] * (len(HEADER) - 4)
 
 
 def _aligned(rows):
@@ -66,6 +91,7 @@ def format_table(report):
       f" bound = bytes read per token / {report['bandwidth_gbps']:.1f} GB/s "
       '(GEMV, measured in this run); ms/block and MB/block: (model - model '
       'without decoder blocks) / blocks')
+  lines.append(DENSE_NOTE)
   paths = [f"{r['name']}: {r['decode_path']}" for r in models
            if r.get('decode_path') not in (None, 'xla')]
   if paths:
@@ -76,7 +102,7 @@ def format_table(report):
 PROJECTION_HEADER = (
     'model', 'measured: blocks', 'ms/token', 'ms/block', 'ms no blocks',
     'MB/block', 'projected: ms/token', 'MB/token', 'bound ms', 'x bound',
-    'speedup', 'paper: s/token', 'speedup')
+    'speedup', 'vs dense', 'vs dense@bound', 'paper: s/token', 'speedup')
 
 
 def format_projection(report):
@@ -94,7 +120,9 @@ def format_projection(report):
         f"{r['projected_ms_per_token']:.1f}",
         f"{r['projected_bytes_per_token'] / 1e6:.0f}", _f(bound, '.1f'),
         _f(None if not bound else r['projected_ms_per_token'] / bound, '.2f'),
-        f"{r['projected_speedup']:.2f}x", _f(paper, '.3f'),
+        f"{r['projected_speedup']:.2f}x",
+        _x(r.get('projected_speedup_vs_dense')),
+        _x(r.get('projected_speedup_vs_dense_bound')), _f(paper, '.3f'),
         _f(paper0 / paper if paper and paper0 else None, '.2f')])
   lines = _aligned(rows)
   s = report['settings']
@@ -106,6 +134,7 @@ def format_projection(report):
       f"{s['project_layers']} x ms/block (bytes likewise); bound = bytes / "
       f"{report['bandwidth_gbps']:.1f} GB/s (GEMV, this run); paper: "
       'PAPER_DECODE_SECONDS of the gin config')
+  lines.append(DENSE_NOTE + ' (projected)')
   return '\n'.join(lines)
 
 
@@ -142,16 +171,34 @@ def json_report(report):
 
 def format_agreement(results):
   """`agreement`'s rows as a text table, against the first model."""
-  rows = [['model', 'decode path', 'max |delta logit|', 'greedy agreement']]
+  rows = [['model', 'decode path', 'max |delta logit|', 'greedy agreement',
+           'first difference']]
   for r in results:
+    first = r.get('first_difference')
     rows.append([r['name'], r['decode_path'],
                  f"{r['max_abs_logit_delta']:.3g}",
-                 f"{r['greedy_agreement']:.3f}"])
+                 f"{r['greedy_agreement']:.3f}",
+                 'none' if first is None else f'token {first}'])
   lines = _aligned(rows)
   first = results[0]
-  lines.append(f"vs {first['name']}: {first['tokens']} tokens fed its greedy "
-               f"choices, same random weights (its max |logit| "
-               f"{first['max_abs_logit']:.3g})")
+  if first.get('checkpoint'):
+    weights = (f"the weights of {first['checkpoint']} (step "
+               f"{first['checkpoint_step']})")
+  else:
+    weights = 'the same random weights'
+  prompt = first.get('prompt', 'random')
+  lines.append(
+      f"vs {first['name']}: {first['tokens']} tokens, teacher-forced (every "
+      f"model is fed {first['name']}'s greedy tokens), {weights}, "
+      f"{'a random' if prompt == 'random' else prompt + ' as'} prompt; its "
+      f"max |logit| {first['max_abs_logit']:.3g}"
+      + (f", smallest top-2 logit gap {first['min_top2_margin']:.3g} (a "
+         '|delta logit| under half of it cannot change an argmax)'
+         if 'min_top2_margin' in first else ''))
+  noisy = [f"{r['name']} {r['noise']:g}" for r in results if r.get('noise')]
+  if noisy:
+    lines.append('weights with noise (x RMS, bench_weights.noise): '
+                 + ', '.join(noisy))
   return '\n'.join(lines)
 
 
@@ -199,7 +246,8 @@ def format_sweep(report):
           f"{_f(r.get('ms_per_block'), '7.3f')} ms/block  "
           f"x bound {_f(r.get('achieved_over_bound'), '.2f')}  "
           f"speedup {r['speedup']:.2f}x  "
-          f"per block {_f(r.get('speedup_per_block'), '.2f')}x")
+          f"per block {_f(r.get('speedup_per_block'), '.2f')}x  "
+          f"vs dense@bound {_x(r.get('speedup_vs_dense_bound'))}")
   return '\n'.join(lines)
 
 

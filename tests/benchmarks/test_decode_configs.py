@@ -241,3 +241,82 @@ def test_xla_ops_per_block():
   assert dense['ops_per_block_by_kind'].get('dot', 0) >= 1
   assert bench_format.format_xla_ops([dense]).split()[:2] == ['dense', '%.1f' % (
       dense['ops_per_block'])]
+
+
+def test_dense_is_no_sparsity_keyword_and_no_terraformer():
+  _parse(LM)
+  assert benchmark.model_kind() == {'dense': True, 'd_model': 32,
+                                    'decode_options': ['xla', 'float32']}
+  _parse(LM + SPARSE + INT8_KERNELS)
+  assert benchmark.model_kind() == {'dense': False, 'd_model': 32,
+                                    'decode_options': ['ffi', 'int8']}
+  select = 'terraformer.models.{}'.format
+  assert not benchmark.is_dense(select('Terraformer'), {'ff_sparsity': 0})
+  assert not benchmark.is_dense(select('ScalingTransformer'),
+                                {'ff_sparsity': 0, 'loss_sparsity': 0,
+                                 'cross_attention_sparsity': 4})
+  assert benchmark.is_dense(select('ScalingTransformer'),
+                            {'cross_attention_sparsity': None})
+
+
+def _timed(name, dense, options, ms, bound, d_model=32, **extra):
+  return dict(name=name, dense=dense, decode_options=list(options),
+              d_model=d_model, ms_per_token=ms, bound_ms_per_token=bound,
+              **extra)
+
+
+def test_dense_speedups_pair_each_model_with_its_storages_dense_model():
+  """Each model is compared with the dense model of its own decode options
+  and d_model, measured and at that model's bound; none where the run has
+  no such dense model."""
+  results = [
+      _timed('dense xla', True, ('xla', 'float32'), 100.0, 50.0),
+      _timed('sparse xla', False, ('xla', 'float32'), 25.0, 5.0),
+      _timed('dense int8', True, ('ffi', 'int8'), 40.0, 12.5),
+      _timed('sparse int8', False, ('ffi', 'int8'), 10.0, 2.0),
+      _timed('sparse q8', False, ('ffi', 'q8'), 8.0, 2.0),
+      _timed('wide dense int8', True, ('ffi', 'int8'), 80.0, 25.0,
+             d_model=64),
+      _timed('wide sparse int8', False, ('ffi', 'int8'), 16.0, 4.0,
+             d_model=64)]
+  benchmark.add_dense_speedups(results)
+  got = {r['name']: (r['dense_baseline'], r['speedup_vs_dense'],
+                     r['speedup_vs_dense_bound']) for r in results}
+  assert got == {
+      'dense xla': ('dense xla', 1.0, 0.5),
+      'sparse xla': ('dense xla', 4.0, 2.0),
+      'dense int8': ('dense int8', 1.0, 12.5 / 40.0),
+      'sparse int8': ('dense int8', 4.0, 1.25),
+      'sparse q8': (None, None, None),
+      'wide dense int8': ('wide dense int8', 1.0, 25.0 / 80.0),
+      'wide sparse int8': ('wide dense int8', 5.0, 25.0 / 16.0)}
+  assert all('projected_speedup_vs_dense' not in r for r in results)
+  # Projected results: the same from the projected figures.
+  projected = [
+      _timed('dense', True, ('ffi', 'int8'), 9.0, 1.0,
+             projected_ms_per_token=400.0,
+             projected_bound_ms_per_token=300.0),
+      _timed('sparse', False, ('ffi', 'int8'), 3.0, 0.5,
+             projected_ms_per_token=100.0,
+             projected_bound_ms_per_token=20.0)]
+  benchmark.add_dense_speedups(projected)
+  assert [(r['projected_speedup_vs_dense'],
+           r['projected_speedup_vs_dense_bound']) for r in projected] == [
+               (1.0, 0.75), (4.0, 3.0)]
+  assert projected[1]['speedup_vs_dense'] == 3.0
+  # The tables show them.
+  report = {'models': results, 'bandwidth_gbps': 10.0,
+            'settings': dict(tokens=2, prompt_len=3, repeats=1)}
+  for r in results:
+    r.update(ms_per_token_min=r['ms_per_token'],
+             ms_per_token_max=r['ms_per_token'], bytes_per_token=1e6,
+             speedup=1.0)
+  lines = bench_format.format_table(report).splitlines()
+  header = lines[0]
+  assert (header.index('sp/block') < header.index('vs dense ') <
+          header.index('vs dense@bound') < header.index('vs Trax'))
+  sparse_int8 = next(l for l in lines if l.startswith('sparse int8 ')).split()
+  assert sparse_int8[-3:] == ['4.00x', '1.25x', '-']
+  q8 = next(l for l in lines if l.startswith('sparse q8 ')).split()
+  assert q8[-3:] == ['-', '-', '-']
+  assert bench_format.DENSE_NOTE in lines

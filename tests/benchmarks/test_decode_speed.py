@@ -108,3 +108,45 @@ def test_benchmark_fields_are_consistent():
 def test_gemv_bandwidth_is_positive():
   median, best = decode_speed.gemv_bandwidth(megabytes=8, repeats=3)
   assert 0 < median <= best
+
+
+CPUINFO = ('processor\t: 0\nvendor_id\t: GenuineIntel\n'
+           'model name\t: Intel(R) Xeon(R) Platinum 8481C CPU @ 2.70GHz\n'
+           'flags\t\t: fpu avx2\n\nprocessor\t: 1\n'
+           'model name\t: Intel(R) Xeon(R) Platinum 8481C CPU @ 2.70GHz\n')
+
+
+def test_machine_names_the_cpu_and_the_kernels_paths(tmp_path, monkeypatch):
+  from terraformer import kernels  # pylint: disable=g-import-not-at-top
+  from terraformer.cli import bench_format  # pylint: disable=g-import-not-at-top
+  path = tmp_path / 'cpuinfo'
+  path.write_text(CPUINFO)
+  assert decode_speed.cpu_model(str(path)) == (
+      'Intel(R) Xeon(R) Platinum 8481C CPU @ 2.70GHz')
+  assert decode_speed.cpu_model(str(tmp_path / 'none')) is None
+  found = decode_speed.machine(str(path))
+  assert found['cpu_model'].startswith('Intel(R) Xeon(R) Platinum 8481C')
+  line = bench_format.format_machine(found)
+  assert line.startswith('machine: Intel(R) Xeon(R) Platinum 8481C CPU @ '
+                         f"2.70GHz ({found['cpu_cores']} cores); kernels: ")
+  if kernels.available():
+    assert found['float_isa'] in kernels.ISA_NAMES
+    assert found['gemv_isa'] in kernels.GEMV_ISA_NAMES
+    assert found['kernels'] is None
+    assert line.endswith(f"float {found['float_isa']}, q8 GEMV "
+                         f"{found['gemv_isa']}")
+    # A forced path is the one named.
+    before = kernels.set_gemv_isa()
+    try:
+      kernels.set_gemv_isa('scalar')
+      assert decode_speed.machine(str(path))['gemv_isa'] == 'scalar'
+    finally:
+      kernels.set_gemv_isa(before)
+  # Without the library: no paths, and why.
+  monkeypatch.setattr(kernels, 'available', lambda: False)
+  monkeypatch.setattr(kernels, 'unavailable_reason', lambda: 'not built')
+  bare = decode_speed.machine(str(path))
+  assert (bare['float_isa'], bare['gemv_isa'], bare['kernels']) == (
+      None, None, 'not built')
+  assert bench_format.format_machine(bare).endswith(
+      "kernels: none (not built): XLA's code only")

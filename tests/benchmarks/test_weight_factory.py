@@ -110,3 +110,26 @@ def test_model_with_stored_random_weights_decodes_on_both_paths():
 def test_bench_weights_refuses_unknown_source():
   with pytest.raises(errors.TerraformerError, match='bench_weights.created'):
     weight_factory.bench_weights('float64')
+
+
+def test_noise_is_relative_to_each_arrays_rms_and_refused_when_stored():
+  weights = {'w': np.full((128, 64), -2.0, np.float32),
+             'v': np.full((64,), 0.5, np.float32),
+             'ids': np.arange(4, dtype=np.int32)}
+  noisy = weight_factory.with_noise(weights, 0.1, seed=3)
+  for key, rms in (('w', 2.0), ('v', 0.5)):
+    delta = np.asarray(noisy[key]) - weights[key]
+    assert np.std(delta) == pytest.approx(0.1 * rms, rel=0.25)
+    assert abs(np.mean(delta)) < 0.05 * rms
+    assert noisy[key].dtype == np.float32
+  np.testing.assert_array_equal(noisy['ids'], weights['ids'])
+  np.testing.assert_array_equal(
+      weight_factory.with_noise(weights, 0.1, seed=3)['w'], noisy['w'])
+  # Random weights made in their storage take no noise (nor given weights).
+  model = lm(n_layers=1)
+  decode_step.bind_options(model, ('xla', 'int8'))
+  weight_factory.bind_bench_weights(model, 'stored', noise=0.1)
+  shapes_ = decode_step.init_shapes(model, decode_step.predict_signature(
+      model, 3))
+  with pytest.raises(errors.TerraformerError, match='no noise'):
+    weight_factory.decode_weights(model, shapes_[0])

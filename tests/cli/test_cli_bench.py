@@ -70,6 +70,19 @@ def test_split_config_files():
      ['--agreement: dense', "bench_weights.created = 'stored'"]),
     (['--config_file={dense}', "--config=bench_weights.created = 'int4'"],
      ['bench_weights.created must be one of']),
+    (['--config_file={dense}', '--config_file={dense}', '--agreement',
+      '--config=bench_weights.noise = -1'], ['bench_weights.noise must be']),
+    (['--config_file={dense}', '--checkpoint={tmp}'],
+     ['--checkpoint and --prompt_file go with --agreement']),
+    (['--config_file={dense}', '--variants=ffi,gpu'],
+     ["--variants: 'gpu' is not KERNELS[:WEIGHTS]"]),
+    (['--config_file={dense}', '--variants=ffi:int4'], ["'ffi:int4'"]),
+    (['--config_file={dense}', '--config_file={dense}', '--agreement',
+      '--tokens=200'],
+     ['dense: --prompt_len=16 and --tokens=200 need 216 positions, the model '
+      'has 128']),
+    (['--config_file={dense}', '--config_file={dense}', '--agreement',
+      '--checkpoint={tmp}/none'], ['no checkpoint model.pkl.gz in']),
 ])
 def test_errors(tmp_path, capsys, args, parts):
   dense, sparse = _configs(tmp_path)
@@ -140,7 +153,160 @@ def test_table_and_json(tmp_path, capsys):
   assert [r.split(':')[0] for r in rows if r.startswith('memory ')] == [
       'memory dense', 'memory dense+sparse']
   assert report['peak_rss_bytes'] > held
-  assert f"{report['peak_rss_bytes'] / 2**30:.2f} GiB" in rows[-1]
+  assert f"{report['peak_rss_bytes'] / 2**30:.2f} GiB" in rows[-2]
+  # The machine: the table's last line, the JSON's `machine`.
+  assert rows[-1] == bench_format.format_machine(report['machine'])
+  assert report['machine']['cpu_model'] in rows[-1]
+  # Both models against the dense one (same decode options, same d_model):
+  # measured, and at the dense model's bound.
+  dense = models[0]
+  assert [m['dense_baseline'] for m in models] == ['dense', 'dense']
+  for m, row in zip(models, rows[1:3]):
+    assert m['speedup_vs_dense'] == pytest.approx(
+        dense['ms_per_token'] / m['ms_per_token'])
+    assert m['speedup_vs_dense_bound'] == pytest.approx(
+        dense['bound_ms_per_token'] / m['ms_per_token'])
+    cells = row.split()
+    assert cells[10:12] == [f"{m['speedup_vs_dense']:.2f}x",
+                            f"{m['speedup_vs_dense_bound']:.2f}x"]
+  assert models[0]['speedup_vs_dense'] == 1.0
+
+
+# The tiny sparse LM of the decode CLI tests (FF, QKV and loss sparse,
+# 2048-piece vocab), with room for an 8-token prompt and 64 tokens, trained
+# enough that its logits' top-2 gaps are far above float32 rounding.
+TRAINED_STEPS = 200
+VARIANTS = ('xla', 'ffi', 'ffi:bfloat16', 'ffi:int8', 'ffi:q8')
+
+
+@pytest.fixture(scope='module')
+def trained_lm(tmp_path_factory):
+  """(run, checkpoint dir) of the tiny LM trained by terraformer-train."""
+  import gin  # pylint: disable=g-import-not-at-top
+  import tiny_checkpoints  # pylint: disable=g-import-not-at-top
+  gin_file, bindings = tiny_checkpoints.LM
+  run = (gin_file, bindings + ['ScalingTransformerLM.max_len = 128',
+                               'multifactor.warmup_steps = 20'])
+  out_dir = tmp_path_factory.mktemp('bench_lm') / 'ckpt'
+  tiny_checkpoints.train(run, out_dir, steps=TRAINED_STEPS)
+  gin.clear_config()
+  return run, str(out_dir)
+
+
+def _greedy_decode_of_checkpoint(run, checkpoint, prompt, tokens):
+  """What terraformer-decode's loading and greedy search decode."""
+  import numpy as np  # pylint: disable=g-import-not-at-top
+  from trax import shapes  # pylint: disable=g-import-not-at-top
+  from terraformer import config  # pylint: disable=g-import-not-at-top
+  from terraformer.decoding import search  # pylint: disable=g-import-not-at-top
+  from terraformer.loading import model as loading_model  # pylint: disable=g-import-not-at-top
+  import tiny_checkpoints  # pylint: disable=g-import-not-at-top
+  config.parse_gin(*tiny_checkpoints.config_args_split(run))
+  model, step = loading_model.load_model(
+      config.model_from_config(), checkpoint, 'predict',
+      shapes.ShapeDtype((1, 1), np.int32))
+  assert step == TRAINED_STEPS
+  return search.decode(model, np.asarray([prompt], np.int32),
+                       max_length=tokens, eos_id=None,
+                       progress=False)[0].tolist()
+
+
+def test_agreement_of_every_variant_on_a_trained_checkpoint(
+    trained_lm, tmp_path, capsys):
+  """--checkpoint: every variant decodes the checkpoint's weights; float32
+  kernels agree with XLA to rounding, the 8/16-bit storages differ a
+  little, and no row contradicts its own numbers."""
+  import tiny_checkpoints  # pylint: disable=g-import-not-at-top
+  run, checkpoint = trained_lm
+  path = tmp_path / 'agreement.json'
+  code, out, err = _run(capsys, '--agreement', f'--checkpoint={checkpoint}',
+                        f"--variants={','.join(VARIANTS)}",
+                        *tiny_checkpoints.config_args(run), '--tokens=64',
+                        '--prompt_len=8', f'--json={path}')
+  assert code == 0, err
+  report = json.loads(path.read_text())
+  assert [r['name'] for r in report] == [
+      'lm_sparse+' + v.replace(':', '_') for v in VARIANTS]
+  reference = report[0]
+  assert reference['checkpoint'] == checkpoint
+  assert reference['checkpoint_step'] == TRAINED_STEPS
+  # The reference decodes what terraformer-decode's loading and greedy
+  # search decode from the checkpoint (not random weights).
+  assert reference['greedy_tokens'] == _greedy_decode_of_checkpoint(
+      run, checkpoint, reference['prompt_ids'], 64)
+  margin = reference['min_top2_margin']
+  for r in report:
+    assert r['tokens'] == len(r['greedy_tokens']) == 64
+    assert r['prompt_ids'] == reference['prompt_ids']
+    same = [a == b for a, b in zip(r['greedy_tokens'],
+                                   reference['greedy_tokens'])]
+    assert r['greedy_agreement'] == sum(same) / 64
+    assert r['first_difference'] == (None if all(same)
+                                     else same.index(False))
+    if r['max_abs_logit_delta'] < margin / 2:  # No argmax can change.
+      assert r['greedy_agreement'] == 1.0, r
+  by_variant = dict(zip(VARIANTS, report))
+  assert by_variant['xla']['max_abs_logit_delta'] == 0
+  ffi = by_variant['ffi']
+  assert ffi['max_abs_logit_delta'] <= 1e-4 * reference['max_abs_logit']
+  assert ffi['greedy_agreement'] == 1.0
+  for storage in ('bfloat16', 'int8', 'q8'):
+    r = by_variant[f'ffi:{storage}']
+    assert f'{storage} weights' in r['decode_path']
+    assert 0 < r['max_abs_logit_delta'] < 0.2 * reference['max_abs_logit']
+  rows = out.splitlines()
+  assert rows[0].split()[-2:] == ['first', 'difference']
+  assert f'the weights of {checkpoint} (step {TRAINED_STEPS})' in rows[6]
+  assert 'teacher-forced' in rows[6]
+  assert rows[-1] == bench_format.format_machine(report[0]['machine'])
+
+
+def test_agreement_sees_noisy_weights_and_reads_a_prompt_file(
+    trained_lm, tmp_path, capsys):
+  """The check has power: the checkpoint with noise on its weights
+  (bench_weights.noise) departs from the greedy tokens and moves logits by
+  more than the reference's top-2 gap; --prompt_file tokenizes real text."""
+  import gin  # pylint: disable=g-import-not-at-top
+  from terraformer.cli import common  # pylint: disable=g-import-not-at-top
+  from terraformer.loading import vocab as loading_vocab  # pylint: disable=g-import-not-at-top
+  import tiny_checkpoints  # pylint: disable=g-import-not-at-top
+  run, checkpoint = trained_lm
+  gin_file, bindings = run
+  noisy = tmp_path / 'noisy.gin'
+  noisy.write_text('bench_weights.noise = 0.5\n')
+  text = ('Sparse layers decode faster than dense ones because each token '
+          'reads only a few rows of every weight matrix.')
+  prompt = tmp_path / 'prompt.txt'
+  prompt.write_text(text)
+  path = tmp_path / 'agreement.json'
+  code, out, err = _run(
+      capsys, '--agreement', f'--checkpoint={checkpoint}',
+      f'--prompt_file={prompt}', f'--config_file={gin_file}',
+      f'--config_file={gin_file}+{noisy}',
+      *[f'--config={b}' for b in bindings], '--tokens=64', '--prompt_len=8',
+      f'--json={path}')
+  assert code == 0, err
+  reference, noise = json.loads(path.read_text())
+  assert (reference['noise'], noise['noise']) == (0, 0.5)
+  assert noise['greedy_agreement'] < 1
+  assert noise['first_difference'] is not None
+  assert noise['max_abs_logit_delta'] > reference['min_top2_margin'] / 2
+  assert 'weights with noise (x RMS, bench_weights.noise): ' in out
+  # The prompt: the file's first 8 tokens in the config's vocab.
+  config_files, config_bindings = tiny_checkpoints.config_args_split(run)
+  common.setup()
+  gin.clear_config()
+  from terraformer import config  # pylint: disable=g-import-not-at-top
+  config.parse_gin(config_files, config_bindings)
+  vocab = loading_vocab.text_vocab()
+  assert reference['prompt_ids'] == list(vocab.encode(text))[:8]
+  assert reference['prompt'] == str(prompt)
+  # A checkpoint of another config is one error line.
+  dense, _ = _configs(tmp_path)
+  code, out, err = _run(capsys, '--agreement', f'--checkpoint={checkpoint}',
+                        f'--config_file={dense}', f'--config_file={dense}')
+  assert code == 2
+  _one_line_error(err, 'was it trained with this config?')
 
 
 def test_plot_sweep_writes_png(tmp_path):
