@@ -60,6 +60,8 @@ SLOW = (
     'benchmarks/test_decode_speed.py::test_fast_predict_matches_eval_forward_and_donates_the_state',
     'benchmarks/test_param_count.py::test_800m_model_counted_without_allocating',
     'benchmarks/test_weight_factory.py::test_model_with_stored_random_weights_decodes_on_both_paths',
+    'cli/test_cli_bench.py::test_agreement_of_every_variant_on_a_trained_checkpoint',
+    'cli/test_cli_bench.py::test_agreement_sees_noisy_weights_and_reads_a_prompt_file',
     'cli/test_cli_bench.py::test_agreement_table_and_json',
     'cli/test_cli_bench.py::test_console_script',
     'cli/test_cli_bench.py::test_sweep_writes_plot_and_json',
