@@ -75,15 +75,31 @@ def _joined(values):
 
 SPEED_COLUMNS = ['model', 'ms/token [min-max]', 'ms/block', 'MB/token',
                  'MB/block', 'bound ms', 'x bound', 'speedup', 'per block']
+# Speedups over the dense model of the same decode options, measured and at
+# its bound: in the JSON of terraformer-bench runs since they were added.
+DENSE_COLUMNS = ['vs dense', 'vs dense bound']
+
+
+def _dense_cells(m, prefix=''):
+  return {'vs dense': _x(m.get(f'{prefix}speedup_vs_dense')),
+          'vs dense bound': _x(m.get(f'{prefix}speedup_vs_dense_bound'))}
+
+
+def _x(value):
+  return MISSING if value is None else f'{value:.2f}x'
 
 
 def speed(data, opts):
   """terraformer-bench's default table (one row per model); with
-  --compare_trax also Trax's ms/token and ours vs Trax. Besides the default
-  columns, `ms/token` (the median alone) can be chosen with --columns."""
+  --compare_trax also Trax's ms/token and ours vs Trax; with a JSON that
+  has them, the speedups over the dense model of the same decode options
+  (DENSE_COLUMNS). Besides the default columns, `ms/token` (the median
+  alone) can be chosen with --columns."""
   models = data['models']
   trax = any('trax' in m for m in models)
-  columns = SPEED_COLUMNS + (['Trax ms/token', 'ours vs Trax'] if trax else [])
+  dense = any('speedup_vs_dense' in m for m in models)
+  columns = (SPEED_COLUMNS + (DENSE_COLUMNS if dense else []) +
+             (['Trax ms/token', 'ours vs Trax'] if trax else []))
   rows = []
   for m in models:
     block = m.get('bytes_per_block')
@@ -103,18 +119,21 @@ def speed(data, opts):
         'Trax ms/token': _f(m['trax']['ms_per_token'], '.1f')
                          if 'trax' in m else MISSING,
         'ours vs Trax': _ratio(m['trax']['ms_per_token'], m['ms_per_token'])
-                        if 'trax' in m else MISSING})
+                        if 'trax' in m else MISSING, **_dense_cells(m)})
   return columns, rows
 
 
 def projection(data, opts):
-  """terraformer-bench --project_layers: measured, projected, paper."""
+  """terraformer-bench --project_layers: measured, projected, paper (and,
+  with a JSON that has them, the projected speedups over the dense model of
+  the same decode options, DENSE_COLUMNS)."""
   models = data['models']
   first = models[0]
+  dense = any('projected_speedup_vs_dense' in m for m in models)
   columns = ['model', 'measured ms/token (1 block)', 'ms/block',
              'ms no blocks', 'projected ms/token', 'projected MB/token',
              'x bound', 'speedup (time)', 'speedup (bytes)', 'paper s/token',
-             'paper speedup']
+             'paper speedup'] + (DENSE_COLUMNS if dense else [])
   rows = []
   for m in models:
     bound = m.get('projected_bound_ms_per_token')
@@ -128,7 +147,8 @@ def projection(data, opts):
         _ratio(first['projected_bytes_per_token'],
                m['projected_bytes_per_token']),
         _f(m.get('paper_seconds'), '.3f'),
-        _ratio(first.get('paper_seconds'), m.get('paper_seconds')) or MISSING])
+        _ratio(first.get('paper_seconds'), m.get('paper_seconds')) or MISSING]
+        + (list(_dense_cells(m, 'projected_').values()) if dense else []))
   return columns, rows
 
 

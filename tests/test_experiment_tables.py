@@ -68,6 +68,40 @@ def test_speed_table_has_the_clis_cells_and_labels(tmp_path, capsys):
   assert 'figure loss: 10.39x' in out
 
 
+def test_speed_and_projection_show_the_dense_speedups_where_the_json_has_them(
+    tmp_path):
+  """A JSON written before the speedups over the dense model keeps its
+  columns; a newer one adds them ('–' where a model has no dense model of
+  its decode options)."""
+  with open(BENCH_17B) as f:
+    old = json.load(f)
+  code, table, _ = _run(tmp_path, 'speed', BENCH_17B)
+  assert code == 0 and table['columns'] == tables.SPEED_COLUMNS
+  new = json.loads(json.dumps(old))
+  for m, (measured, bound, projected) in zip(new['models'], (
+      (1.0, 0.42, 1.1), (4.0, 1.5, 3.0), (None, None, None))):
+    m.update(speedup_vs_dense=measured, speedup_vs_dense_bound=bound,
+             projected_speedup_vs_dense=projected,
+             projected_speedup_vs_dense_bound=bound)
+  path = _write(tmp_path, 'new.json', new)
+  code, table, _ = _run(tmp_path, 'speed', path)
+  assert code == 0
+  assert table['columns'] == tables.SPEED_COLUMNS + ['vs dense',
+                                                     'vs dense bound']
+  assert [r[-2:] for r in table['rows'][:3]] == [
+      ['1.00x', '0.42x'], ['4.00x', '1.50x'], ['–', '–']]
+  for m in new['models']:
+    m.update(projected_ms_per_token=m['ms_per_token'], ms_no_blocks=1.0,
+             projected_bytes_per_token=m['bytes_per_token'],
+             projected_speedup=m['speedup'])
+    m.setdefault('ms_per_block', 1.0)
+  code, table, _ = _run(tmp_path, 'projection', _write(tmp_path, 'p.json',
+                                                       new))
+  assert code == 0 and table['columns'][-2:] == ['vs dense', 'vs dense bound']
+  assert [r[-2:] for r in table['rows'][:3]] == [
+      ['1.10x', '0.42x'], ['3.00x', '1.50x'], ['–', '–']]
+
+
 def test_markdown_figures_mean_and_difference(tmp_path):
   md = tmp_path / 'table.md'
   md.write_text('| run | 500 | 1000 |\n| --- | --- | --- |\n'
