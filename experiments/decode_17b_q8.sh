@@ -1,0 +1,46 @@
+#!/usr/bin/env bash
+# The 17B models with the Q8 GEMV (docs/decoding-speed.md): int8 weights
+# packed for the one-row product and int8 activations (decode_options.weights
+# = 'q8', gin/bench/*17b*_kernels_q8.gin) beside the same models with int8
+# weights and float activations (gin/bench/*17b*_kernels_int8.gin), full depth
+# (6 + 6 blocks), fused C++ kernels, one model at a time; batch 1, 4 tokens
+# after a 16-token prompt, 3 repeats. The speedup column is against the first
+# model, the dense int8 one; the last line names each model's decode path and
+# the GEMV's instruction set.
+#
+# Cost: about 0.3 core-hours on the 2-core CPU (10-12 minutes) and ~16 GiB of
+# memory; needs a quiet machine.
+# Short version (1 decoder block, no encoder blocks, 2 tokens, 1 repeat; no
+# results file): SHORT=1 bash experiments/decode_17b_q8.sh
+# Writes OUT/bench.{txt,json}, OUT/models.json and results/decode_17b_q8.json
+# (table models). Rerunning reuses OUT/bench.txt (delete it to re-time).
+#   bash experiments/decode_17b_q8.sh [OUT]  (OUT: runs/experiments/decode_17b_q8)
+NAME=decode_17b_q8
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+
+depth=()
+if [[ -n "$SHORT" ]]; then
+  for model in ScalingTransformer Terraformer; do
+    depth+=(--config=$model.n_decoder_layers=1 --config=$model.n_encoder_layers=0)
+  done
+fi
+banner "17B, int8 weights vs Q8 GEMV, full depth, one model at a time"
+timed bench 4 .venv/bin/terraformer-bench \
+  --config_file=gin/bench/17b_dense_kernels_int8.gin \
+  --config_file=gin/bench/17b_dense_kernels_q8.gin \
+  --config_file=gin/bench/17b_sparse_ff_qkv_loss_kernels_q8.gin \
+  --config_file=gin/bench/terraformer_17b_kernels_int8.gin \
+  --config_file=gin/bench/terraformer_17b_kernels_q8.gin \
+  ${depth[@]+"${depth[@]}"}
+tabulate speed models "$out/bench.json" \
+  --columns='model,ms/token [min-max],ms/block,MB/token,bound ms,x bound,speedup' \
+  --label=17b_dense_kernels_int8='dense, int8' \
+  --label=17b_dense_kernels_q8='dense, Q8' \
+  --label=17b_sparse_ff_qkv_loss_kernels_q8='sparse FF+QKV+loss, Q8' \
+  --label=terraformer_17b_kernels_int8='Terraformer 17B, int8' \
+  --label=terraformer_17b_kernels_q8='Terraformer 17B, Q8' \
+  --figure=dense_q8_x_bound='dense, Q8:x bound' \
+  --figure=terraformer_q8_ms='Terraformer 17B, Q8:ms/token [min-max]' \
+  --figure=terraformer_q8_x_bound='Terraformer 17B, Q8:x bound'
+record
+banner done "outputs in $out"
