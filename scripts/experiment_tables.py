@@ -243,9 +243,10 @@ def settings(pairs, opts):
   the fluency shares; then the references' fluency and the yardsticks of the
   first summary (the same papers)."""
   columns = (['setting'] + [name for _, name in ROUGE] +
-             ['words', 'known trigrams (%)', 'repeated trigrams (%)'])
-  fluency_cells = lambda f: [f'{100 * f["known_trigrams"]:.1f}',
-                             f'{100 * f["repeated_trigrams"]:.1f}']
+             ['words', 'known words (%)', 'known trigrams (%)',
+              'repeated trigrams (%)'])
+  fluency_cells = lambda f: [f'{100 * f[k]:.1f}' for k in (
+      'known_words', 'known_trigrams', 'repeated_trigrams')]
   pct = lambda scores: [f'{100 * scores[k]:.2f}' for k, _ in ROUGE]
   rows = [[opts.label(name)] + pct(data) +
           [f'{data["prediction_words"]:.1f}'] +
@@ -260,7 +261,7 @@ def settings(pairs, opts):
                     (f'random_{k}', f'random {k} (seed {seed})')):
     if key in base:
       rows.append([opts.label(name)] + pct(base[key]) +
-                  [f'{base[key]["words"]:.1f}', MISSING, MISSING])
+                  [f'{base[key]["words"]:.1f}'] + [MISSING] * 3)
   return columns, rows
 
 

@@ -141,33 +141,36 @@ def test_rouge_table_puts_the_model_beside_its_yardsticks(tmp_path):
 
 
 def test_settings_rows_with_fluency_then_references_and_yardsticks(tmp_path):
-  def summary(rouge2, known, repeated):
+  def summary(rouge2, words, known, repeated):
     return {'rouge1': 0.25, 'rouge2': rouge2, 'rougeLsum': 0.2,
             'rougeL': 0.16, 'prediction_words': 90.14,
             'reference_words': 116.86, 'baseline_k': 3, 'baseline_seed': 0,
-            'fluency': {'model': {'known_trigrams': known,
+            'fluency': {'model': {'known_words': words,
+                                  'known_trigrams': known,
                                   'repeated_trigrams': repeated},
-                        'references': {'known_trigrams': 0.2836,
+                        'references': {'known_words': 0.9769,
+                                       'known_trigrams': 0.2836,
                                        'repeated_trigrams': 0.01}},
             'baselines': {'lead_3': {'rouge1': 0.27, 'rouge2': 0.0671,
                                      'rougeL': 0.15, 'words': 83.8},
                           'random_3': {'rouge1': 0.2, 'rouge2': 0.03,
                                        'rougeL': 0.12, 'words': 60.0}}}
-  sample = _write(tmp_path, 'a.json', summary(0.0173, 0.1763, 0.0832))
-  greedy = _write(tmp_path, 'b.json', summary(0.031, 0.3, 0.0))
+  sample = _write(tmp_path, 'a.json', summary(0.0173, 0.9234, 0.1763, 0.0832))
+  greedy = _write(tmp_path, 'b.json', summary(0.031, 0.9, 0.3, 0.0))
   code, table, figures = _run(
       tmp_path, 'settings', f'sample=T 0.5={sample}', f'greedy={greedy}',
       '--figure=best=greedy:ROUGE-2')
   assert code == 0
   assert table['columns'] == ['setting', 'ROUGE-1', 'ROUGE-2', 'ROUGE-L',
-                              'words', 'known trigrams (%)',
-                              'repeated trigrams (%)']
+                              'words', 'known words (%)',
+                              'known trigrams (%)', 'repeated trigrams (%)']
   assert table['rows'] == [
-      ['sample=T 0.5', '25.00', '1.73', '16.00', '90.1', '17.6', '8.3'],
-      ['greedy', '25.00', '3.10', '16.00', '90.1', '30.0', '0.0'],
-      ['references', '–', '–', '–', '116.9', '28.4', '1.0'],
-      ['lead-3', '27.00', '6.71', '15.00', '83.8', '–', '–'],
-      ['random 3 (seed 0)', '20.00', '3.00', '12.00', '60.0', '–', '–']]
+      ['sample=T 0.5', '25.00', '1.73', '16.00', '90.1', '92.3', '17.6',
+       '8.3'],
+      ['greedy', '25.00', '3.10', '16.00', '90.1', '90.0', '30.0', '0.0'],
+      ['references', '–', '–', '–', '116.9', '97.7', '28.4', '1.0'],
+      ['lead-3', '27.00', '6.71', '15.00', '83.8', '–', '–', '–'],
+      ['random 3 (seed 0)', '20.00', '3.00', '12.00', '60.0', '–', '–', '–']]
   assert figures == ['best=3.10']
 
 
