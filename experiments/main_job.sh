@@ -1,21 +1,20 @@
 #!/usr/bin/env bash
 # The main job as a new user runs it (docs/main-job.md): `bash scripts/main.sh`
-# (pretrain the tiny Terraformer of gin/main/ on masked words of the train
-# papers' bodies, fine-tune it body -> abstract, summarize the 27 held-out
-# test papers, time dense vs sparse decoding) into OUT, then its ROUGE table
-# (the model beside lead-3, lead-k matched and 3 random sentences, the same
-# papers and scorer) and its run: the environment's set-up when this run
-# created it, the job's wall time and the last eval log-perplexity of each
-# training stage.
+# (train the tiny Terraformer of gin/main/ body -> abstract on the train
+# papers, summarize the 27 held-out test papers, time dense vs sparse
+# decoding) into OUT, then its ROUGE table (the model beside lead-3, lead-k
+# matched and 3 random sentences, the same papers and scorer), its fluency
+# table and its run: the environment's set-up when this run created it, the
+# job's wall time and the training's last eval log-perplexity.
 #
 # Cost: about 0.3 core-hours on the 2-core CPU (7-11 minutes of wall time;
 # the set-up adds a few minutes on a fresh clone); the wall time needs a
 # quiet machine.
 # Short version (3 steps per stage, 1 + 1 layers, 2 test papers; no results
 # file): SHORT=1 bash experiments/main_job.sh
-# Writes OUT/{pretrain,finetune,bench.txt} (scripts/main.sh's outputs),
-# OUT/main.txt (what it printed), OUT/rouge.json, OUT/run.json and
-# results/main_job.json (tables rouge, run). Rerunning resumes every stage;
+# Writes OUT/{finetune,bench.txt} (scripts/main.sh's outputs), OUT/main.txt
+# (what it printed), OUT/rouge.json, OUT/fluency.json, OUT/run.json and
+# results/main_job.json (tables rouge, fluency, run). Rerunning resumes every stage;
 # the run table is recorded only by a run that trained both stages from
 # scratch (a resumed run's wall time is not the job's).
 #   bash experiments/main_job.sh [OUT]  (OUT: runs/experiments/main_job)
@@ -47,6 +46,10 @@ tabulate rouge rouge "$eval_json" --figure=model_rouge1='model:ROUGE-1' \
   --figure=model_rouge2='model:ROUGE-2' --figure=model_rougeL='model:ROUGE-L' \
   --figure=lead3_rouge2='lead-3:ROUGE-2' \
   --figure=random3_rouge2='random 3 (seed 0):ROUGE-2'
+tabulate settings fluency "model=$eval_json" \
+  --columns='setting,words,known words (%),known trigrams (%),repeated trigrams (%)' \
+  --figure=model_known_trigrams='model:known trigrams (%)' \
+  --figure=references_known_trigrams='references:known trigrams (%)'
 run=()
 if [[ -n "$from_scratch" ]]; then
   last_ppl() {  # The last eval log-perplexity that stage printed.
@@ -54,10 +57,9 @@ if [[ -n "$from_scratch" ]]; then
       | grep -o 'eval log_perplexity [0-9.]*' | tail -n 1 | cut -d' ' -f3
   }
   minutes() { printf '%d min %d s' $(( $1 / 60 )) $(( $1 % 60 )); }
-  rows="[\"main job (4 stages)\", \"$(minutes "$job_s")\"]"
+  rows="[\"main job (3 stages)\", \"$(minutes "$job_s")\"]"
   [[ -n "$fresh_env" ]] && rows="[\"set-up (the environment)\", \"$setup_s s\"], $rows"
-  rows="$rows, [\"pretraining: last eval log-perplexity\", \"$(last_ppl 1/4)\"]"
-  rows="$rows, [\"fine-tuning: last eval log-perplexity\", \"$(last_ppl 2/4)\"]"
+  rows="$rows, [\"training: last eval log-perplexity\", \"$(last_ppl 2/4)\"]"
   printf '{"columns": ["measure", "this run"], "rows": [%s]}\n' "$rows" > "$out/run.json"
   run=(--table=run="$out/run.json" --figure=job_time="$(minutes "$job_s")")
 fi

@@ -1,7 +1,7 @@
-"""scripts/main.sh end to end with one step per stage: pretrain, fine-tune
-from the pretraining checkpoint, ROUGE on test papers, decode speed; then a
-rerun that resumes/skips every stage. The fine-tuning stage compiles the
-same training step as pretraining: the CLIs' compilation cache loads it."""
+"""scripts/main.sh end to end with one step per stage: by default train body
+-> abstract, ROUGE on test papers, decode speed, then a rerun that
+resumes/skips every stage; with STAGES naming it, masked-word pretraining
+first and the training from its checkpoint."""
 import json
 import os
 import re
@@ -36,12 +36,14 @@ def _table_rows(out):
   return rows
 
 
-def _main_sh(output_dir, *args):
+def _main_sh(output_dir, *args, stages=None):
   # The benchmark's models with 1 decoder block instead of 4 (the binding
   # applies to both; no spaces: main.sh splits BENCH_ARGS on them).
   env = dict(os.environ, OUTPUT_DIR=str(output_dir),
              BENCH_ARGS=('--tokens=2 --repeats=1 '
                          '--config=ScalingTransformer.n_decoder_layers=1'))
+  if stages:
+    env['STAGES'] = stages
   result = subprocess.run(['bash', os.path.join(ROOT, 'scripts', 'main.sh'),
                            *args], cwd=ROOT, env=env, capture_output=True,
                           text=True, timeout=2400, check=False)
@@ -51,17 +53,17 @@ def _main_sh(output_dir, *args):
 
 def test_main_job_end_to_end(tmp_path):
   out = _main_sh(tmp_path, *TINY)
-  for n in ('1/4', '2/4', '3/4', '4/4'):
+  assert 'stage 1/4' not in out  # No pretraining by default.
+  for n in ('2/4', '3/4', '4/4'):
     assert f'stage {n}' in out
-  pre, fine = tmp_path / 'pretrain', tmp_path / 'finetune'
-  for d in (pre, fine):
-    assert (d / 'model.pkl.gz').is_file() and (d / 'config.gin').is_file()
-  # Pretraining: masked words from the paper bodies, vocab + 100 sentinels.
-  config = (pre / 'config.gin').read_text()
-  assert "train/c4_stream.source = 'aclsum'" in config
+  fine = tmp_path / 'finetune'
+  assert not (tmp_path / 'pretrain').exists()
+  assert (fine / 'model.pkl.gz').is_file()
+  # Body -> abstract from scratch, the vocabulary size of the pretraining.
+  config = (fine / 'config.gin').read_text()
+  assert "summarization_stream.source = 'aclsum'" in config
   assert 'MODEL_VOCAB_SIZE = 2148' in config
-  assert 'Terraformer.input_vocab_size = %MODEL_VOCAB_SIZE' in config
-  assert f'Fine-tuning from {pre}' in out
+  assert 'Fine-tuning from' not in out
   # ROUGE on 2 test papers beside the extractive baselines on the same
   # papers, and one generated summary.
   assert f"2 examples of split 'test', checkpoint step {STEPS}" in out
@@ -81,6 +83,18 @@ def test_main_job_end_to_end(tmp_path):
 
   # Rerun: training is done, eval and bench outputs are reused.
   again = _main_sh(tmp_path, *TINY)
-  assert again.count(f'Already trained for {STEPS} >= {STEPS} steps.') == 2
+  assert again.count(f'Already trained for {STEPS} >= {STEPS} steps.') == 1
   assert '(up to date:' in again and '(done before:' in again
   assert list(_table_rows(again)) == list(rows)
+
+  # The paper's recipe: masked words from the paper bodies (vocab + 100
+  # sentinels), then the training from that checkpoint.
+  recipe = tmp_path / 'recipe'
+  out = _main_sh(recipe, *TINY, stages='pretrain finetune')
+  assert 'stage 1/4' in out and 'stage 2/4' in out and 'stage 3/4' not in out
+  pre = recipe / 'pretrain'
+  config = (pre / 'config.gin').read_text()
+  assert "train/c4_stream.source = 'aclsum'" in config
+  assert 'Terraformer.input_vocab_size = %MODEL_VOCAB_SIZE' in config
+  assert f'Fine-tuning from {pre}' in out
+  assert (recipe / 'finetune' / 'model.pkl.gz').is_file()
