@@ -226,6 +226,8 @@ _DATA_PARALLEL_SCRIPT = textwrap.dedent("""
     import json, sys
     sys.path.insert(0, {tests_dir!r})
     import jax
+    # Before Trax: compat fix 0 (without it, `import trax` takes ~45 CPU-s).
+    import terraformer
     import test_loop as t
     from terraformer import errors
     out = sys.argv[1]
