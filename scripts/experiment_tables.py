@@ -265,6 +265,42 @@ def settings(pairs, opts):
   return columns, rows
 
 
+def curve(data, opts):
+  """scripts/long_setting.py curve's points: a row per evaluated step of
+  each fine-tuning run (CPU-hours of training so far, pretraining
+  included), a row per run for the step chosen on validation, then the
+  yardsticks of both splits."""
+  columns = ['point', 'fine-tuning steps', 'CPU-hours', 'val ROUGE-1',
+             'val ROUGE-2', 'val log-perplexity', 'test ROUGE-1',
+             'test ROUGE-2', 'test known trigrams (%)']
+  pct = lambda v: f'{100 * v:.2f}'
+
+  def cells(point):
+    val, test = point['validation'], point['test']
+    ppl = val.get('log_perplexity')
+    return [str(point['step']), f'{point["cpu_hours"]:.2f}',
+            pct(val['rouge1']), pct(val['rouge2']),
+            MISSING if ppl is None else f'{ppl:.3f}', pct(test['rouge1']),
+            pct(test['rouge2']), f'{100 * test["known_trigrams"]:.1f}']
+
+  rows = []
+  for run in data['runs']:
+    label = opts.label(run['label'])
+    rows += [[f'{label}, step {p["step"]}'] + cells(p) for p in run['points']]
+  for run in data['runs']:
+    chosen = [p for p in run['points'] if p['chosen']]
+    rows += [[f'{opts.label(run["label"])}, chosen on validation'] + cells(p)
+             for p in chosen]
+  val, test = (data['yardsticks'].get(s, {}) for s in ('validation', 'test'))
+  for name in val:
+    rows.append([opts.label(name), MISSING, MISSING, pct(val[name]['rouge1']),
+                 pct(val[name]['rouge2']), MISSING,
+                 pct(test[name]['rouge1']) if name in test else MISSING,
+                 pct(test[name]['rouge2']) if name in test else MISSING,
+                 MISSING])
+  return columns, rows
+
+
 # ---------------------------------------------------------------------------
 # terraformer-info
 
@@ -528,6 +564,7 @@ MODES = {
                      "a Markdown table (terraformer-export's table.md)"),
     'rouge': Mode(rouge, 'json',
                   "terraformer-eval's eval_<split>_step<N>.json"),
+    'curve': Mode(curve, 'json', 'scripts/long_setting.py curve --out'),
     'settings': Mode(settings, 'labelled', "LABEL=PATH of terraformer-eval's "
                      'eval_<split>_step<N>.json (one split, several settings)'),
     'params': Mode(params, 'labelled', 'LABEL=PATH of terraformer-info --json'),

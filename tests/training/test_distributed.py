@@ -1,11 +1,15 @@
-"""Sharded and multi-process training (terraformer/distributed.py).
+"""terraformer-train over several processes (terraformer/distributed.py,
+terraformer/supervisor.py, both training loops).
 
-The processes run `tests/distributed_worker.py` (a tiny sparse-FF LM, a fixed
-global batch stream, Adam) on forced CPU devices; JAX's collectives between
-processes go over gloo on localhost. Every wait is bounded.
+The jobs run the CLI on the tiny soak config (gin/tiny/soak.gin, dropout 0)
+as 2 processes x 2 forced CPU devices on localhost (JAX's collectives over
+gloo), against one process of as many devices straight through. Every wait
+is bounded. ShardedTrainer over devices and processes:
+tests/training/test_sharded_trainer.py.
 """
 import os
 import re
+import shutil
 import socket
 import subprocess
 import sys
@@ -17,155 +21,18 @@ import pytest
 
 from terraformer import distributed
 from terraformer import errors
-from terraformer.training import fsdp
-from terraformer.training import memory_plan
 
-WORKER = os.path.join(os.path.dirname(__file__), 'distributed_worker.py')
-TIMEOUT_S = 420
-
-
-def _free_port():
-  with socket.socket() as s:
-    s.bind(('127.0.0.1', 0))
-    return s.getsockname()[1]
+from local_jobs import finish
+from local_jobs import free_port
+from local_jobs import TIMEOUT_S
 
 
-def _start(out, devices, *args):
-  env = dict(os.environ, XLA_FLAGS=distributed.force_host_devices(devices))
-  return subprocess.Popen(
-      [sys.executable, WORKER, f'--out={out}', *args], env=env,
-      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-
-
-def _finish_text(process):
-  """(exit code, stdout, stderr) of `process`, killed after TIMEOUT_S."""
-  try:
-    out, err = process.communicate(timeout=TIMEOUT_S)
-  except subprocess.TimeoutExpired:
-    process.kill()
-    out, err = process.communicate()
-  return process.returncode, out, err
-
-
-def _finish(process):
-  code, _, err = _finish_text(process)
-  return code, err
-
-
-def _run(out, devices, *args):
-  code, err = _finish(_start(out, devices, *args))
-  assert code == 0, err[-3000:]
-  return dict(np.load(out))
-
-
-def _max_weight_difference(a, b):
-  names = [k for k in a if k.startswith('w')]
-  assert names and names == [k for k in b if k.startswith('w')]
-  return max(float(np.max(np.abs(a[k] - b[k]))) for k in names)
-
-
-def test_sharded_over_8_devices_equals_one_device(tmp_path):
-  """FSDP over 8 forced host devices == the same steps on one device."""
-  sharded = _run(tmp_path / 's.npz', 8)
-  single = _run(tmp_path / 'u.npz', 8, '--mesh_devices=1')
-  assert sharded['n_devices'] == 8 and single['n_devices'] == 1
-  assert sharded['shard_fraction'] == pytest.approx(1 / 8)  # Really split.
-  np.testing.assert_allclose(sharded['losses'], single['losses'], atol=1e-5)
-  assert _max_weight_difference(sharded, single) < 1e-5
-  assert sharded['losses'][-1] != sharded['losses'][0]  # It trained.
-  gathered = _run(tmp_path / 'g.npz', 8, '--gather_weights')
-  assert gathered['shard_fraction'] == pytest.approx(1 / 8)  # Split at rest.
-  np.testing.assert_allclose(gathered['losses'], single['losses'], atol=1e-5)
-  assert _max_weight_difference(gathered, single) < 1e-5
-
-
-def test_two_processes_equal_one_process_of_four_devices(tmp_path):
-  """2 processes x 2 devices (gloo) == 1 process x 4 devices."""
-  port = _free_port()
-  workers = [_start(tmp_path / 'p.npz', 2, '--num_processes=2',
-                    f'--process_id={i}', f'--port={port}') for i in range(2)]
-  results = [_finish(w) for w in workers]
-  for code, err in results:
-    assert code == 0, err[-3000:]
-  joined = dict(np.load(tmp_path / 'p.npz'))
-  single = _run(tmp_path / 'one.npz', 4)
-  assert joined['n_devices'] == single['n_devices'] == 4
-  np.testing.assert_allclose(joined['losses'], single['losses'], atol=1e-5)
-  assert _max_weight_difference(joined, single) < 1e-5
-
-
-def test_a_dead_process_stops_the_other_with_one_line(tmp_path):
-  """Process 1 dies after step 2: process 0 ends with exit 2 and a clear
-  line (after the heartbeat timeout), it does not hang (a hang is killed
-  after TIMEOUT_S, its exit code is not 2)."""
-  port = _free_port()
-  args = ['--num_processes=2', f'--port={port}', '--steps=200']
-  survivor = _start(tmp_path / 'k.npz', 2, '--process_id=0', *args)
-  dying = _start(tmp_path / 'k.npz', 2, '--process_id=1',
-                 '--die_after_step=2', *args)
-  code, err = _finish(dying)
-  assert code == 9, err[-3000:]
-  code, err = _finish(survivor)
-  assert code == 2, err[-3000:]
-  assert 'worker: step ' in err and 'another process probably died' in err
-
-
-def test_distributed_flag_without_a_cluster_is_one_line(tmp_path):
-  code, out, err = _finish_text(_train(tmp_path / 'o', 2, 1, '--distributed'))
-  assert code == 2
-  assert err.strip().splitlines()[-1].startswith(
-      'terraformer-train: error: JAX detected no cluster'), err[-2000:]
-  assert not os.path.exists(tmp_path / 'o') and 'Traceback' not in err
-
-
-def test_a_process_that_never_joins_is_a_bounded_error(tmp_path):
-  code, err = _finish(_start(
-      tmp_path / 'n.npz', 1, '--num_processes=2', '--process_id=1',
-      f'--port={_free_port()}', '--timeout_s=5'))
-  assert code == 2, err[-3000:]
-  assert 'worker: could not join the job at 127.0.0.1:' in err
-
-
-def test_fsdp_spec_splits_the_largest_divisible_axis():
-  assert tuple(fsdp.fsdp_spec((64, 96), 8)) == (None, 'fsdp')
-  assert tuple(fsdp.fsdp_spec((12, 64), 8)) == (None, 'fsdp')
-  assert tuple(fsdp.fsdp_spec((6,), 8)) == ()  # Replicated.
-  assert tuple(fsdp.fsdp_spec((64, 96), 1)) == ()
-
-
-def test_memory_plan_per_device_bytes_fall_with_devices():
-  leaves = {'big': jax.ShapeDtypeStruct((1024, 512), np.float32),
-            'bias': jax.ShapeDtypeStruct((3,), np.float32)}
-  one = memory_plan.memory_plan(leaves, 1, activation_bytes=800)
-  eight = memory_plan.memory_plan(leaves, 8, activation_bytes=800)
-  assert one['weights_bytes'] == eight['weights_bytes'] == (1024 * 512 + 3) * 4
-  assert eight['weights_bytes_per_device'] == 1024 * 512 * 4 // 8 + 3 * 4
-  assert eight['slots_bytes_per_device'] == 2 * eight['weights_bytes_per_device']
-  assert eight['replicated_bytes_per_device'] == 12
-  assert eight['activation_bytes_per_device'] == 100
-  assert one['total_bytes_per_device'] > 7 * eight['total_bytes_per_device']
-
-
-def test_partial_process_flags_are_an_error():
-  with pytest.raises(errors.TerraformerError, match='go together'):
-    distributed.initialize('127.0.0.1:1234', num_processes=2)
-
-
-def test_process_rows_are_disjoint_and_cover_the_batch():
-  rows = [distributed.process_rows(8, i, 4) for i in range(4)]
-  covered = np.concatenate([np.arange(8)[r] for r in rows])
-  np.testing.assert_array_equal(covered, np.arange(8))
-  with pytest.raises(errors.TerraformerError, match='not divisible'):
-    distributed.process_rows(6, 0, 4)
-
-
-# terraformer-train as 2 processes x 2 devices, killed and restarted, against
-# 1 process x 4 devices straight through (the tiny soak config, dropout 0).
 TRAIN_ARGS = ['--config_file=gin/tiny/soak.gin',
               '--config=terraformer.train.random_seed=1',
               '--config=terraformer.train.checkpoint_every=2']
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(
     os.path.abspath(__file__))))
+STEPS = 12  # Of a job: a kill after checkpoint 4 lands before its end.
 
 
 def _train(out_dir, steps, devices, *args, env=None):
@@ -179,7 +46,7 @@ def _train(out_dir, steps, devices, *args, env=None):
 
 
 def _train_two_processes(out_dir, steps):
-  port = _free_port()
+  port = free_port()
   return [_train(out_dir, steps, 2, f'--coordinator_address=127.0.0.1:{port}',
                  '--num_processes=2', f'--process_id={i}',
                  '--heartbeat_timeout_s=10') for i in range(2)]
@@ -218,13 +85,32 @@ def _final(out_dir, stdout):
   return [np.asarray(w) for w in weights], log_ppl
 
 
+@pytest.fixture(scope='module')
+def one_process(tmp_path_factory):
+  """terraformer-train as 1 process x 4 devices, STEPS steps straight
+  through (Trax's Loop): (output dir, stdout). The 2-process jobs end equal
+  to it: Trax's Loop killed and resumed, and the FSDP loop."""
+  out_dir = tmp_path_factory.mktemp('one_process') / 'run'
+  code, out, err = finish(_train(out_dir, STEPS, 4))
+  assert code == 0, err[-3000:]
+  return out_dir, out
+
+
+def test_distributed_flag_without_a_cluster_is_one_line(tmp_path):
+  code, out, err = finish(_train(tmp_path / 'o', 2, 1, '--distributed'))
+  assert code == 2
+  assert err.strip().splitlines()[-1].startswith(
+      'terraformer-train: error: JAX detected no cluster'), err[-2000:]
+  assert not os.path.exists(tmp_path / 'o') and 'Traceback' not in err
+
+
 def test_train_cli_two_processes_killed_and_resumed_equals_one_process(
-    tmp_path):
-  """Process 1 is killed after checkpoint 4: process 0 stops (bounded). Both are restarted (as Slurm tasks, `--distributed`): the job
-  resumes from the last checkpoint and ends equal to one uninterrupted
-  process of as many devices (weights within 1e-5, the same global eval
-  metric)."""
-  steps, out_dir = 12, tmp_path / 'two'
+    tmp_path, one_process):
+  """Process 1 is killed after checkpoint 4: process 0 stops (bounded). Both
+  are restarted (as Slurm tasks, `--distributed`): the job resumes from the
+  last checkpoint and ends equal to one uninterrupted process of as many
+  devices (weights within 1e-5, the same global eval metric)."""
+  steps, out_dir = STEPS, tmp_path / 'two'
   first = _train_two_processes(out_dir, steps)
   marker = out_dir / 'checkpoints' / '4' / 'COMMITTED'
   deadline = time.time() + TIMEOUT_S
@@ -233,7 +119,7 @@ def test_train_cli_two_processes_killed_and_resumed_equals_one_process(
     time.sleep(0.05)
   first[1].kill()
   killed_at = time.time()
-  code, _, err = _finish_text(first[0])
+  code, _, err = finish(first[0])
   # It stops, never hangs (killed after TIMEOUT_S: not exit 2), with one line
   # (exit 2): when its next collective fails, or when JAX ends it after
   # --heartbeat_timeout_s (its fatal log).
@@ -246,7 +132,7 @@ def test_train_cli_two_processes_killed_and_resumed_equals_one_process(
   first[1].communicate()
   assert marker.exists()
   second = _train_as_slurm_tasks(out_dir, steps)
-  results = [_finish_text(p) for p in second]
+  results = [finish(p) for p in second]
   for code, _, err in results:
     assert code == 0, err[-3000:]
   out0, out1 = results[0][1], results[1][1]
@@ -263,10 +149,7 @@ def test_train_cli_two_processes_killed_and_resumed_equals_one_process(
   assert last_eval[0] == last_eval[1] and f'Step {steps:6d}' in last_eval[0]
   assert not os.path.exists(out_dir / 'checkpoints.damaged')
 
-  one = tmp_path / 'one'
-  code, out, err = _finish_text(_train(one, steps, 4))
-  assert code == 0, err[-3000:]
-  (w2, ppl2), (w1, ppl1) = _final(out_dir, out0), _final(one, out)
+  (w2, ppl2), (w1, ppl1) = _final(out_dir, out0), _final(*one_process)
   assert len(w2) == len(w1)
   difference = max(float(np.max(np.abs(a - b))) for a, b in zip(w2, w1))
   print(f'{resumed[0]}; max |weight difference| {difference:.2e}; final eval '
@@ -301,10 +184,10 @@ def test_the_coordinators_death_is_one_line_on_its_peer(tmp_path):
   while not marker.exists() and time.time() < deadline and all(
       p.poll() is None for p in job):
     time.sleep(0.05)
-  assert marker.exists(), _finish_text(job[1])[2][-3000:]
+  assert marker.exists(), finish(job[1])[2][-3000:]
   job[0].kill()  # `terraformer-train`: its child, process 0, dies with it.
   killed_at = time.time()
-  code, _, err = _finish_text(job[1])
+  code, _, err = finish(job[1])
   job[0].communicate()
   seconds = time.time() - killed_at
   assert code == 2, err[-3000:]  # A hang is killed after TIMEOUT_S: not 2.
@@ -314,41 +197,6 @@ def test_the_coordinators_death_is_one_line_on_its_peer(tmp_path):
   assert me == '1' and who == 'process 0 (the coordinator)'
   assert int(step) >= 2
   print(f'{lines[0]} ({seconds:.1f} s after the kill)')
-
-
-def _tiny_trainer(skip_non_finite):
-  from trax import layers as tl  # pylint: disable=g-import-not-at-top
-  from trax import optimizers  # pylint: disable=g-import-not-at-top
-  from terraformer.models import scaling_transformer  # pylint: disable=g-import-not-at-top
-  model = scaling_transformer.ScalingTransformerLM(
-      vocab_size=32, d_model=16, d_ff=32, n_layers=1, n_heads=2, dropout=0.0,
-      max_len=16, mode='train')
-  tokens = np.arange(2 * 8, dtype=np.int32).reshape(2, 8) % 30 + 2
-  batch = [tokens, tokens, np.ones(tokens.shape, np.float32)]
-  n = jax.device_count()
-  batch = [np.tile(x, (n, 1)) for x in batch]
-  trainer = fsdp.ShardedTrainer(
-      model, tl.WeightedCategoryCrossEntropy(), optimizers.Adam(),
-      lambda step: 1e-2, batch, skip_non_finite=skip_non_finite)
-  return trainer, batch
-
-
-@pytest.mark.parametrize('skip', [True, False])
-def test_a_non_finite_step_is_skipped_inside_the_sharded_step(skip):
-  """skip_non_finite: a NaN loss leaves weights and slots as they were;
-  without it the NaN reaches the weights (the loop then stops)."""
-  trainer, batch = _tiny_trainer(skip)
-  assert np.isfinite(trainer.train_step(batch))
-  before = jax.tree_util.tree_leaves(trainer.gathered(
-      (trainer.weights, trainer.slots)))
-  poisoned = batch[:2] + [np.full(batch[2].shape, np.nan, np.float32)]
-  assert np.isnan(trainer.train_step(poisoned))
-  assert np.isnan(trainer.last_stats['gradients_l2'])
-  after = jax.tree_util.tree_leaves(trainer.gathered(
-      (trainer.weights, trainer.slots)))
-  unchanged = all(np.array_equal(a, b) for a, b in zip(before, after))
-  assert unchanged == skip
-  assert np.isfinite(trainer.train_step(batch)) == skip
 
 
 def test_weight_sharding_values_and_unsupported_options_are_one_line():
@@ -372,43 +220,45 @@ def _events(out_dir, mode):
 
 
 def test_train_cli_fsdp_over_2_processes_equals_trax_loop_and_resumes(
-    tmp_path):
+    tmp_path, one_process):
   """`weight_sharding='fsdp'`: 2 processes x 2 devices, every weight and
-  slot split over the 4 devices, 3 steps then a restart to 6 (resumed from
-  the sharded checkpoint each process wrote its shards of) == Trax's Loop on
-  one device for 6 steps straight (weights within 1e-5, same eval metric);
-  then that Loop run resumes under FSDP (same checkpoint names)."""
-  loop_dir, fsdp_dir = tmp_path / 'loop', tmp_path / 'fsdp'
-  code, loop_out, err = _finish_text(_train(loop_dir, 6, 1))
-  assert code == 0, err[-3000:]
-  port = _free_port()
-  for steps in (3, 6):
+  slot split over the 4 devices, STEPS / 2 steps then a restart to STEPS
+  (resumed from the sharded checkpoint each process wrote its shards of) ==
+  Trax's Loop in one process over as many devices, STEPS steps straight
+  (weights within 1e-5, same eval metric); then (a copy of) that Loop run
+  resumes under FSDP (same checkpoint names)."""
+  (one_dir, one_out), fsdp_dir = one_process, tmp_path / 'fsdp'
+  for steps in (STEPS // 2, STEPS):
+    port = free_port()
     runs = [_fsdp_run(fsdp_dir, steps, 2,
                       f'--coordinator_address=127.0.0.1:{port}',
                       '--num_processes=2', f'--process_id={i}',
                       '--heartbeat_timeout_s=10') for i in range(2)]
-    results = [_finish_text(p) for p in runs]
+    results = [finish(p) for p in runs]
     for code, _, err in results:
       assert code == 0, err[-3000:]
   out0 = results[0][1]
-  assert 'Resuming from checkpoint at step 3' in out0, out0[-2000:]
+  assert f'Resuming from checkpoint at step {STEPS // 2}' in out0, out0[-2000:]
   assert 'with FSDP over 4 device(s), 2 processes' in out0
-  arrays = fsdp_dir / 'checkpoints' / '6' / 'arrays'
+  arrays = fsdp_dir / 'checkpoints' / str(STEPS) / 'arrays'
   assert {'ocdbt.process_0', 'ocdbt.process_1'} <= set(os.listdir(arrays))
   assert _events(fsdp_dir, 'train') and _events(fsdp_dir, 'eval')
   (w_fsdp, ppl_fsdp), (w_loop, ppl_loop) = (
-      _final(fsdp_dir, out0), _final(loop_dir, loop_out))
+      _final(fsdp_dir, out0), _final(one_dir, one_out))
   difference = max(float(np.max(np.abs(a - b)))
                    for a, b in zip(w_fsdp, w_loop))
-  print(f'FSDP 2 x 2 (3 + 3 steps) vs Trax Loop 1 device: max |weight '
-        f'difference| {difference:.2e}; eval log_perplexity {ppl_fsdp} vs '
-        f'{ppl_loop}')
+  print(f'FSDP 2 x 2 ({STEPS // 2} + {STEPS // 2} steps) vs Trax Loop 1 x 4: '
+        f'max |weight difference| {difference:.2e}; eval log_perplexity '
+        f'{ppl_fsdp} vs {ppl_loop}')
   assert len(w_fsdp) == len(w_loop) and difference < 1e-5
   assert ppl_fsdp == pytest.approx(ppl_loop, abs=2e-4)
-  code, out, err = _finish_text(_fsdp_run(
-      loop_dir, 8, 2, '--config=terraformer.train.fsdp_gather_weights=True'))
+  loop_dir = tmp_path / 'loop'
+  shutil.copytree(one_dir, loop_dir)
+  code, out, err = finish(_fsdp_run(
+      loop_dir, STEPS + 2, 2,
+      '--config=terraformer.train.fsdp_gather_weights=True'))
   assert code == 0, err[-3000:]
-  assert 'Resuming from checkpoint at step 6' in out
+  assert f'Resuming from checkpoint at step {STEPS}' in out
 
 
 def test_process_batches_are_fed_as_they_are_plain_ones_split(monkeypatch):

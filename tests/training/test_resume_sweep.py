@@ -211,8 +211,8 @@ def read_checkpoint(output_dir):
 def _two_processes(output_dir, steps):
   """terraformer-train as 2 processes x 2 devices (Trax's Loop); the CLI
   keeps its programs in the session's compilation cache."""
-  from test_distributed import _free_port  # pylint: disable=g-import-not-at-top
-  port = _free_port()
+  from local_jobs import free_port  # pylint: disable=g-import-not-at-top
+  port = free_port()
   env = dict(os.environ, XLA_FLAGS=distributed.force_host_devices(2),
              JAX_PLATFORMS='cpu')
   args = [f'--config={b}' for b in SPARSE_4 + SCHEDULE]
