@@ -1,4 +1,5 @@
 """Shape-only parameter counting, checked against formulas and real inits."""
+import copy
 import json
 
 import gin
@@ -9,6 +10,7 @@ import trax
 from trax import fastmath
 from trax import layers as tl
 from trax import shapes
+from trax.layers import base as trax_base
 
 from terraformer import errors
 from terraformer.benchmarks import param_count
@@ -144,3 +146,53 @@ def test_model_from_gin_train_binding():
       param_count.count_parameters()
   finally:
     gin.clear_config()
+
+
+def _plain_weight_shapes(model, signature):
+  """weight_shapes without tracing each forward once: Trax's own init."""
+  scratch = copy.deepcopy(model)
+  return jax.eval_shape(
+      lambda rng: scratch.init(signature, rng=rng)[0], jax.random.PRNGKey(0))
+
+
+def _leaf_shapes(tree):
+  leaves, treedef = jax.tree_util.tree_flatten(tree)
+  return treedef, [(tuple(x.shape), str(x.dtype)) for x in leaves]
+
+
+@pytest.mark.parametrize('name', ['terraformer', 'scaling_lm_sparse',
+                                  'scaling_encoder_decoder'])
+def test_weight_shapes_equal_trax_init_shapes(name):
+  """Tracing each sublayer's forward once per signature gives the weight
+  tree of Trax's own init; Trax's Layer.pure_fn is restored afterwards."""
+  from terraformer.models import scaling_transformer  # pylint: disable=g-import-not-at-top
+  from terraformer.models import terraformer  # pylint: disable=g-import-not-at-top
+  small = dict(d_model=16, d_ff=32, n_heads=2, d_lowrank=4, max_len=64,
+               dropout=0.1, mode='train')
+  model = {
+      'terraformer': lambda: terraformer.Terraformer(
+          input_vocab_size=32, n_encoder_layers=2, n_decoder_layers=2,
+          ff_sparsity=4, attention_sparsity=2, loss_sparsity=2, d_sru=8,
+          lsh_chunk_len=8, predict_mem_len=48, predict_drop_len=16, **small),
+      'scaling_lm_sparse': lambda: scaling_transformer.ScalingTransformerLM(
+          vocab_size=32, n_layers=2, ff_sparsity=4, attention_sparsity=2,
+          loss_sparsity=2, **small),
+      'scaling_encoder_decoder': lambda: scaling_transformer.ScalingTransformer(
+          input_vocab_size=32, n_encoder_layers=2, n_decoder_layers=2,
+          ff_sparsity=4, **small),
+  }[name]()
+  signature = param_count.input_signature_for(model, batch_size=2, length=16)
+  pure_fn = trax_base.Layer.pure_fn
+  fast = param_count.weight_shapes(model, signature)
+  assert trax_base.Layer.pure_fn is pure_fn
+  assert _leaf_shapes(fast) == _leaf_shapes(
+      _plain_weight_shapes(model, signature))
+
+
+def test_forwards_traced_once_restores_pure_fn_on_error():
+  pure_fn = trax_base.Layer.pure_fn
+  with pytest.raises(RuntimeError):
+    with param_count._forwards_traced_once():  # pylint: disable=protected-access
+      assert trax_base.Layer.pure_fn is not pure_fn
+      raise RuntimeError('inside')
+  assert trax_base.Layer.pure_fn is pure_fn
