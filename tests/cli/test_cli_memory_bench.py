@@ -1,4 +1,11 @@
-"""terraformer-memory-bench: memory vs depth, reversible vs plain backprop."""
+"""terraformer-memory-bench: memory vs depth, reversible vs plain backprop.
+
+The tests measure the same tiny Terraformer (one layer each side, input 512,
+target 32, batch 1) where their checks allow it: its gradient step is
+compiled once, and the tests after the first load it from the suite's
+persistent compilation cache (tests/conftest.py) instead of compiling it
+again.
+"""
 import json
 
 import pytest
@@ -17,6 +24,8 @@ Terraformer.decoder_attention_type = 'full'
 Terraformer.d_sru = 8
 terraformer.train.model = @Terraformer
 """
+ONE_LAYER = ('Terraformer.n_encoder_layers = 1\n'
+             'Terraformer.n_decoder_layers = 1\n')
 
 
 def _run(capsys, tmp_path, *args, config=TINY_TERRAFORMER):
@@ -29,12 +38,12 @@ def _run(capsys, tmp_path, *args, config=TINY_TERRAFORMER):
 
 
 def test_reversible_memory_grows_slower_with_depth(tmp_path, capsys):
-  code, out, _ = _run(capsys, tmp_path, '--layers=1,2', '--input_len=192',
-                      '--target_len=64', '--batch_size=2', '--json')
+  code, out, _ = _run(capsys, tmp_path, '--layers=1,2', '--input_len=512',
+                      '--target_len=32', '--batch_size=1', '--json')
   assert code == 0
   result = json.loads(out)
   assert (result['batch_size'], result['input_len'], result['target_len']) == (
-      2, 192, 64)
+      1, 512, 32)
   rows = {row['layers']: row for row in result['rows']}
   assert sorted(rows) == [1, 2]
   for row in rows.values():
@@ -47,16 +56,16 @@ def test_reversible_memory_grows_slower_with_depth(tmp_path, capsys):
   growth = {kind: rows[2][kind]['total'] - rows[1][kind]['total']
             for kind in ('reversible', 'non_reversible')}
   # One more layer each side: plain backprop keeps its activations
-  # (attention weights [2, 4, 256, 256] among them), reversible layers not.
+  # (attention weights [1, 4, 544, 544] among them), reversible layers not.
   assert growth['non_reversible'] > 2 * growth['reversible'] > 0
 
 
 def test_table(tmp_path, capsys):
-  code, out, _ = _run(capsys, tmp_path, '--layers=1', '--input_len=32',
-                      '--target_len=8')
+  code, out, _ = _run(capsys, tmp_path, '--layers=1', '--input_len=512',
+                      '--target_len=32')
   assert code == 0
   lines = out.splitlines()
-  assert lines[0].startswith('gradient step, batch 1, input 32, target 8')
+  assert lines[0].startswith('gradient step, batch 1, input 512, target 32')
   assert lines[1].split()[:2] == ['layers', 'reversible']
   assert lines[2].split()[0] == '1' and len(lines) == 3
 
@@ -95,14 +104,12 @@ def _run_lengths(capsys, tmp_path, *args, configs=None):
 
 
 def test_memory_grows_slower_with_length_when_pooled(tmp_path, capsys):
-  one_layer = ('Terraformer.n_encoder_layers = 1\n'
-               'Terraformer.n_decoder_layers = 1\n')
   plot = tmp_path / 'lengths.png'
   code, out, _ = _run_lengths(
       capsys, tmp_path, '--input_lens=128,512', '--target_len=32',
       '--repeats=1', '--time_budget_gb=1', f'--plot={plot}', '--json',
-      configs={'full': TINY_TERRAFORMER + one_layer,
-               'pooled': TINY_POOLED + one_layer})
+      configs={'full': TINY_TERRAFORMER + ONE_LAYER,
+               'pooled': TINY_POOLED + ONE_LAYER})
   assert code == 0
   report = json.loads(out)
   assert (report['batch_size'], report['target_len']) == (1, 32)
@@ -123,15 +130,15 @@ def test_memory_grows_slower_with_length_when_pooled(tmp_path, capsys):
 
 def test_length_table_and_budget(tmp_path, capsys):
   code, out, _ = _run_lengths(
-      capsys, tmp_path, '--input_lens=32', '--target_len=8',
-      '--time_budget_gb=0', configs={'full': TINY_TERRAFORMER})
+      capsys, tmp_path, '--input_lens=512', '--target_len=32',
+      '--time_budget_gb=0', configs={'full': TINY_TERRAFORMER + ONE_LAYER})
   assert code == 0
   lines = out.splitlines()
-  assert lines[0].startswith('gradient step, batch 1, target 8 tokens')
+  assert lines[0].startswith('gradient step, batch 1, target 32 tokens')
   assert lines[1].split() == ['input', 'full', 'MiB', 'ms']
   cells = lines[2].split()
   # Over the time budget (0 GiB): compiled for memory, not run.
-  assert cells[0] == '32' and float(cells[1]) > 0 and cells[2] == '-'
+  assert cells[0] == '512' and float(cells[1]) > 0 and cells[2] == '-'
   assert len(lines) == 3
 
 
