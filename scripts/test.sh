@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # Runs the whole test suite (slow tests included) in .venv, in TEST_WORKERS
-# (default 2) pytest-xdist processes, one test file per process at a time
+# (default 3) pytest-xdist processes, one test file per process at a time
 # (module fixtures are built once), in the order of tests/conftest.py
 # (longest files first; --no-loadscope-reorder, or xdist starts the files
 # with the most tests first and the one-test end-to-end files last).
+# Three workers on the 2-core machine: a worker that waits (on a subprocess,
+# a file, the compilation cache) leaves its core to the third.
 # TEST_WORKERS=0: one process.
 #   --fast  the fast tier: no test marked slow (more than ~15 s; the list
 #           SLOW in tests/conftest.py), `-m 'not slow'`.
@@ -17,7 +19,7 @@ for arg in "$@"; do
   if [[ "$arg" == --fast ]]; then args+=(-m 'not slow'); else args+=("$arg"); fi
 done
 set -- ${args[@]+"${args[@]}"}
-workers="${TEST_WORKERS:-2}"
+workers="${TEST_WORKERS:-3}"
 if [[ "$workers" == 0 ]]; then
   exec .venv/bin/python -m pytest "$@"
 fi
