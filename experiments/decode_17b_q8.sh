@@ -5,7 +5,9 @@
 # weights and float activations (gin/bench/*17b*_kernels_int8.gin), full depth
 # (6 + 6 blocks), fused C++ kernels, one model at a time; batch 1, 4 tokens
 # after a 16-token prompt, 3 repeats. The speedup column is against the first
-# model, the dense int8 one; the last line names each model's decode path and
+# model, the dense int8 one; `vs dense` against the dense model of the same
+# storage (Q8 or int8), `vs dense bound` against that model at its bytes
+# bound; the last line names each model's decode path and
 # the GEMV's instruction set.
 #
 # Cost: about 0.3 core-hours on the 2-core CPU (10-12 minutes) and ~16 GiB of
@@ -33,7 +35,7 @@ timed bench 4 .venv/bin/terraformer-bench \
   --config_file=gin/bench/terraformer_17b_kernels_q8.gin \
   ${depth[@]+"${depth[@]}"}
 tabulate speed models "$out/bench.json" \
-  --columns='model,ms/token [min-max],ms/block,MB/token,bound ms,x bound,speedup' \
+  --columns='model,ms/token [min-max],ms/block,MB/token,bound ms,x bound,speedup,vs dense,vs dense bound' \
   --label=17b_dense_kernels_int8='dense, int8' \
   --label=17b_dense_kernels_q8='dense, Q8' \
   --label=17b_sparse_ff_qkv_loss_kernels_q8='sparse FF+QKV+loss, Q8' \
@@ -41,6 +43,8 @@ tabulate speed models "$out/bench.json" \
   --label=terraformer_17b_kernels_q8='Terraformer 17B, Q8' \
   --figure=dense_q8_x_bound='dense, Q8:x bound' \
   --figure=terraformer_q8_ms='Terraformer 17B, Q8:ms/token [min-max]' \
-  --figure=terraformer_q8_x_bound='Terraformer 17B, Q8:x bound'
+  --figure=terraformer_q8_x_bound='Terraformer 17B, Q8:x bound' \
+  --figure=terraformer_q8_vs_dense='Terraformer 17B, Q8:vs dense' \
+  --figure=terraformer_q8_vs_dense_bound='Terraformer 17B, Q8:vs dense bound'
 record
 banner done "outputs in $out"
