@@ -10,6 +10,8 @@ path: importing this package never needs the library.
   sparse_ff(x, c1, c2, c, w1t, w2, b2, s1, s2, block)   a sparse FF block
   q8_matmul(x, packed, scale, g, bias)  skinny_matmul's product on int8
       weights packed output-major (`layers.pack_q8`) and int8 activations
+  cache_attention(q, keys, values, idx, valid)  causal attention of a
+      step's queries over a key/value cache read in place (its filled part)
 
 The kernels pick their instruction set at run time: `set_isa` / the float
 kernels ('scalar', 'avx2', 'avx512'), `gemv_isa` / `set_gemv_isa` the Q8
@@ -30,6 +32,9 @@ GEMV_ISA_NAMES = ('scalar', 'avx2', 'avx512vnni')
 GEMV_ISA_ENV = 'TERRAFORMER_GEMV_ISA'
 
 _state = {'lib': None, 'tried': False, 'error': None}
+# Kernels a library built from an older source may lack: the others still
+# load, and callers of these keep XLA's code.
+_OPTIONAL = ('tf_cache_attention',)
 
 
 def library_path():
@@ -52,6 +57,10 @@ def _load():
     for name in ('tf_skinny_matmul', 'tf_sparse_ff', 'tf_q8_matmul'):
       jax.ffi.register_ffi_target(
           name, jax.ffi.pycapsule(getattr(lib, name)), platform='cpu')
+    for name in _OPTIONAL:
+      if hasattr(lib, name):
+        jax.ffi.register_ffi_target(
+            name, jax.ffi.pycapsule(getattr(lib, name)), platform='cpu')
     lib.tf_set_isa.argtypes = [ctypes.c_int]
     lib.tf_set_isa.restype = ctypes.c_int
     lib.tf_set_parallel_bytes.argtypes = [ctypes.c_int64]
@@ -75,6 +84,12 @@ def _load():
 def available():
   """True when the compiled kernels are loaded and registered."""
   return _load() is not None
+
+
+def has_kernel(name):
+  """True when the loaded library has the kernel `name` (`_OPTIONAL`)."""
+  lib = _load()
+  return lib is not None and hasattr(lib, name)
 
 
 def unavailable_reason():
@@ -174,3 +189,21 @@ def q8_matmul(x, packed, scale, g=None, bias=None):
   out = jax.ShapeDtypeStruct(x.shape[:-1] + (g.shape[0] * n,), jnp.float32)
   return jax.ffi.ffi_call('tf_q8_matmul', out)(
       _f32(x), g, jnp.asarray(packed, jnp.int8), _f32(scale), bias)
+
+
+def cache_attention(q, keys, values, idx, valid=None):
+  """Causal softmax attention over a key/value cache, read in place.
+
+  q [N, T, D] (queries at positions idx .. idx + T - 1), keys and values
+  [N, M, D] float32 (the whole cache), idx [] int32, valid [N, M] bool
+  (None: every key valid) -> [N, T, D]. Query t reads the keys at positions
+  <= idx + t only: the math of Trax's `DotProductCausalAttention` (scaled
+  dot products, -1e9 where masked, exp(dots - logsumexp(dots)) times the
+  values) without slicing the cache.
+  """
+  _require()
+  valid = (jnp.ones((1,), jnp.bool_) if valid is None
+           else jnp.asarray(valid, jnp.bool_))
+  out = jax.ShapeDtypeStruct(q.shape, jnp.float32)
+  return jax.ffi.ffi_call('tf_cache_attention', out)(
+      _f32(q), keys, values, valid, jnp.asarray(idx, jnp.int32))

@@ -15,6 +15,9 @@
 //     once per call, per block of 32 inputs, like llama.cpp's Q8_0):
 //     integer dot products (vpdpbusd, or maddubs + madd), the sums of 16
 //     outputs held in registers for the whole K loop. See "The Q8 GEMV".
+//   tf_cache_attention: causal softmax attention of the step's queries over
+//     a key/value cache read in place, only its filled positions (no copy
+//     of a cache bucket, as slicing the cache for XLA's dots makes).
 //
 // Vectorized with AVX-512 (F/BW/VL) or AVX2+FMA, chosen at run time with
 // __builtin_cpu_supports; plain loops otherwise (tf_q8_matmul: AVX-512
@@ -948,6 +951,79 @@ ffi::Error Q8MatmulImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x,
   return ffi::Error::Success();
 }
 
+
+// Causal softmax attention of a few queries over a key/value cache, read in
+// place: q [N, T, D], keys and values [N, M, D] (the whole cache, written by
+// the step's in-place dynamic-update-slice), valid [N, M] (pred; [1]: every
+// key valid), idx [] (position of query 0) -> out [N, T, D]. Query t of row
+// n reads keys 0 .. idx + t only (the filled part of the cache, no copy of
+// it): dots <q, k_j> / sqrt(D), -1e9 where a key is not valid, weights
+// exp(dots - logsumexp(dots)), out = sum_j weights_j v_j.
+ffi::Error CacheAttentionImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> q,
+                              ffi::Buffer<ffi::F32> keys,
+                              ffi::Buffer<ffi::F32> values,
+                              ffi::Buffer<ffi::PRED> valid,
+                              ffi::Buffer<ffi::S32> idx,
+                              ffi::ResultBuffer<ffi::F32> out) {
+  auto bad = [](const std::string& what) {
+    return ffi::Error(ffi::ErrorCode::kInvalidArgument,
+                      "tf_cache_attention: " + what);
+  };
+  auto qd = q.dimensions();
+  auto kd = keys.dimensions();
+  if (qd.size() != 3 || kd.size() != 3 || qd[0] != kd[0] || qd[2] != kd[2]) {
+    return bad("q must be [N, T, D] and the caches [N, M, D]");
+  }
+  if (values.dimensions().size() != 3 || values.dimensions()[1] != kd[1] ||
+      values.element_count() != keys.element_count()) {
+    return bad("keys and values differ in shape");
+  }
+  const int64_t N = qd[0], T = qd[1], D = qd[2], M = kd[1];
+  const bool masked = static_cast<int64_t>(valid.element_count()) == N * M;
+  if (!masked && valid.element_count() != 1) {
+    return bad("valid must be [N, M] or [1]");
+  }
+  const int64_t first = *idx.typed_data();
+  if (first < 0 || first + T > M) return bad("positions outside the cache");
+  const float* qp = q.typed_data();
+  const float* kp = keys.typed_data();
+  const float* vp = values.typed_data();
+  const bool* mp = valid.typed_data();
+  float* op = out->typed_data();
+  const float root = std::sqrt(static_cast<float>(D));
+  const int64_t filled = first + T;
+  Isa isa = CurrentIsa();
+  // Rows split over the pool when their filled keys and values are large.
+  bool parallel = N * filled * D * 2 * 4 >= g_parallel_bytes.load();
+  ParallelFor(parallel ? &pool : nullptr, N, [=](int64_t n) {
+    std::vector<float> dots(filled);
+    const float* kn = kp + n * M * D;
+    const float* vn = vp + n * M * D;
+    for (int64_t t = 0; t < T; ++t) {
+      const float* qt = qp + (n * T + t) * D;
+      float* ot = op + (n * T + t) * D;
+      const int64_t count = first + t + 1;
+      float amax = -INFINITY;
+      for (int64_t j = 0; j < count; ++j) {
+        float v = Dot(isa, kn + j * D, qt, D) / root;
+        if (masked && !mp[n * M + j]) v = -1e9f;
+        dots[j] = v;
+        amax = std::max(amax, v);
+      }
+      if (!std::isfinite(amax)) amax = 0.f;
+      float total = 0.f;
+      for (int64_t j = 0; j < count; ++j) total += std::exp(dots[j] - amax);
+      const float lse = std::log(total) + amax;
+      std::fill(ot, ot + D, 0.f);
+      for (int64_t j = 0; j < count; ++j) {
+        float w = std::exp(dots[j] - lse);
+        if (w != 0.f) Axpy(isa, w, vn + j * D, ot, D);
+      }
+    }
+  });
+  return ffi::Error::Success();
+}
+
 }  // namespace
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(tf_skinny_matmul, SkinnyMatmulImpl,
@@ -984,6 +1060,16 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(tf_sparse_ff, SparseFFImpl,
                                   .Arg<ffi::Buffer<ffi::F32>>()
                                   .Ret<ffi::Buffer<ffi::F32>>()
                                   .Attr<int64_t>("block"));
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(tf_cache_attention, CacheAttentionImpl,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::ThreadPool>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Arg<ffi::Buffer<ffi::PRED>>()
+                                  .Arg<ffi::Buffer<ffi::S32>>()
+                                  .Ret<ffi::Buffer<ffi::F32>>());
 
 // The instruction set in use: 0 scalar, 1 AVX2, 2 AVX-512. Setting a level
 // the CPU lacks keeps the best supported one. Returns the level now in use.
