@@ -262,6 +262,13 @@ class CausalDotProductAttention(tl.Layer):
     # still True from the initial state, so the update is skipped (one XLA
     # operation less per decoding step).
     self.state = (ks, vs, valid, idx + length)
+    return self._attend_cache(q, ks, vs, valid, idx, pos)
+
+  def _attend_cache(self, q, ks, vs, valid, idx, pos):
+    """Attention of q (positions `pos` = idx, idx + 1, ...) over the updated
+    cache (`terraformer.kernels.layers` replaces it with a kernel reading
+    the cache in place)."""
+    length = q.shape[1]
 
     def attend(size):
       def branch(q, ks, vs, valid, pos):

@@ -46,8 +46,14 @@ class PrefixCausalAttention(attention.DotProductCausalAttention):
     ks, vs, idx = self.state
     ks = fastmath.dynamic_update_slice_in_dim(ks, new_k, idx, axis=1)
     vs = fastmath.dynamic_update_slice_in_dim(vs, new_v, idx, axis=1)
+    self.state = (ks, vs, idx + q.shape[1])
+    return self._attend_cache(q, ks, vs, idx)
+
+  def _attend_cache(self, q, ks, vs, idx):
+    """Attention of q (positions idx, idx + 1, ...) over the updated cache
+    (`terraformer.kernels.layers` replaces it with a kernel reading the
+    cache in place)."""
     length = q.shape[1]
-    self.state = (ks, vs, idx + length)
 
     def attend(size):
       def branch(q, ks, vs, idx):
