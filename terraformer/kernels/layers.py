@@ -9,6 +9,16 @@ behaviour stay the same; only the predict-mode forward changes):
                           (sparse QKV's and the sparse loss's, §3.2-3.3)
   tl.Dense             -> KernelDense                 tf_skinny_matmul
                           (both: tf_q8_matmul with 'q8' storage)
+  PrefixCausalAttention (predict)                     tf_cache_attention
+                       -> KernelPrefixCausalAttention
+  CausalDotProductAttention (predict)                 tf_cache_attention
+                       -> KernelCausalDotProductAttention
+
+The attention layers' decoding step (one query per row) reads its key/value
+cache in place with the kernel, only the filled positions, instead of
+slicing a cache bucket for XLA's dots (a copy of the bucket per step); the
+gin switch `cache_attention_kernel.enabled` (default True) keeps their
+bucket path when False.
 
 `store_weights(model, weights, storage)` then converts those layers' large
 matrices (W1ᵀ and W2 of SparseFF, E of MultiplicativeDense, W of Dense) to
@@ -34,6 +44,7 @@ on dequantized weights ('q8': `q8_product`, the same quantized product) (first
 calls over a whole prompt, missing library).
 Training never sees these classes: only predict-mode models are installed.
 """
+import gin
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -42,7 +53,9 @@ from trax.layers import combinators as trax_combinators
 from trax.layers import core as trax_core
 
 from terraformer import kernels
+from terraformer.layers.lsh_attention import CausalDotProductAttention
 from terraformer.layers.multiplicative_dense import MultiplicativeDense
+from terraformer.layers.prefix_attention import PrefixCausalAttention
 from terraformer.layers.sparse_ff import SparseFF
 
 STORAGES = ('float32', 'bfloat16', 'int8', 'q8')
@@ -259,30 +272,87 @@ class KernelDense(_KernelMixin, trax_core.Dense):
     return (w,) + tuple(weights[1:]) + s
 
 
+@gin.configurable(module='terraformer')
+def cache_attention_kernel(enabled=True):
+  """Whether `install` gives predict-mode causal attention (sparse QKV's and
+  dense `PrefixCausalAttention`, the Terraformer's
+  `CausalDotProductAttention`) the `tf_cache_attention` kernel; False keeps
+  their bucketed XLA attention (a copy of the cache bucket per step)."""
+  return enabled
+
+
+class _KernelCacheAttention(_KernelMixin):
+  """A decoding step's attention over the cache as one `tf_cache_attention`
+  call: the cache is read in place, positions <= the query's only (the
+  bucketed XLA path slices the smallest bucket holding them, a copy). The
+  cache update stays the parent's in-place dynamic-update-slice."""
+
+  def _cache_ffi(self, q, ks):
+    # One query per row (decoding); a prompt's first call keeps XLA's dots.
+    return (self._tf_use_ffi and q.shape[1] == 1 and ks.dtype == jnp.float32
+            and kernels.available() and kernels.has_kernel('tf_cache_attention'))
+
+  def store(self, weights, storage, store_matrix=_store):  # pylint: disable=unused-argument
+    return weights
+
+
+class KernelPrefixCausalAttention(_KernelCacheAttention, PrefixCausalAttention):
+  """PrefixCausalAttention (Trax's `DotProductCausalAttention` in predict
+  mode) whose step attends with `tf_cache_attention`."""
+
+  def _attend_cache(self, q, ks, vs, idx):
+    if not self._cache_ffi(q, ks):
+      return super()._attend_cache(q, ks, vs, idx)
+    return kernels.cache_attention(q, ks, vs, idx).astype(q.dtype)
+
+
+class KernelCausalDotProductAttention(_KernelCacheAttention,
+                                      CausalDotProductAttention):
+  """CausalDotProductAttention (Trax's `DotProductCausalAttention` math,
+  with the cache's valid-key mask) whose step attends with
+  `tf_cache_attention`."""
+
+  def _attend_cache(self, q, ks, vs, valid, idx, pos):
+    if not self._cache_ffi(q, ks):
+      return super()._attend_cache(q, ks, vs, valid, idx, pos)
+    return kernels.cache_attention(q, ks, vs, idx, valid).astype(q.dtype)
+
+
 _KERNEL_CLASSES = {MultiplicativeDense: KernelMultiplicativeDense,
                    trax_core.Dense: KernelDense}
+_PREDICT_KERNEL_CLASSES = {SparseFF: KernelSparseFF}
+_ATTENTION_KERNEL_CLASSES = {
+    PrefixCausalAttention: KernelPrefixCausalAttention,
+    CausalDotProductAttention: KernelCausalDotProductAttention}
 
 
-def _kernel_class(layer):
+def _kernel_class(layer, attention):
   if isinstance(layer, _KernelMixin):
     return type(layer)
-  if type(layer) is SparseFF and layer._mode == 'predict':  # pylint: disable=protected-access
-    return KernelSparseFF
+  if getattr(layer, '_mode', None) == 'predict':
+    if type(layer) in _PREDICT_KERNEL_CLASSES:
+      return _PREDICT_KERNEL_CLASSES[type(layer)]
+    if attention and type(layer) in _ATTENTION_KERNEL_CLASSES:
+      return _ATTENTION_KERNEL_CLASSES[type(layer)]
   return _KERNEL_CLASSES.get(type(layer))
 
 
-def install(model, use_ffi=True):
+def install(model, use_ffi=True, attention=None):
   """Makes `model`'s kernel-capable layers kernel-backed; returns how many.
 
   Changes the layers' classes in place (the model must be a predict-mode
   model used for decoding only). `use_ffi=False` keeps XLA's code (the
-  classes still read bf16/int8 storage).
+  classes still read bf16/int8 storage). `attention` (default: the gin
+  switch `cache_attention_kernel`) includes the predict-mode causal
+  attention layers.
   """
   count = 0
+  if attention is None:
+    attention = cache_attention_kernel()
 
   def walk(layer):
     nonlocal count
-    cls = _kernel_class(layer)
+    cls = _kernel_class(layer, attention)
     if cls is not None:
       layer.__class__ = cls
       layer._tf_use_ffi = use_ffi  # pylint: disable=protected-access
