@@ -145,7 +145,7 @@ def test_causal_dot_product_kernel_equals_buckets(isa):
 def _scaling():
   return ScalingTransformer(
       input_vocab_size=96, d_model=32, d_ff=64, n_encoder_layers=1,
-      n_decoder_layers=2, n_heads=2, dropout=0.0, max_len=MAX_LEN,
+      n_decoder_layers=1, n_heads=2, dropout=0.0, max_len=MAX_LEN,
       d_lowrank=8, ff_sparsity=8, attention_sparsity=4, loss_sparsity=4,
       mode='predict')
 
