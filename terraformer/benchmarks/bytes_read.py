@@ -4,7 +4,8 @@ An unbatched decoding step is memory-bound: it reads every weight it touches
 once and does little arithmetic per byte. `step_bytes` counts those bytes
 per layer class, from the model's predict-mode structure, its weights and
 its state (arrays or `jax.ShapeDtypeStruct`s): a sparse layer counts only the
-rows it selects, an attention cache only the bucket the step reads. Divided
+rows it selects, an attention cache only the bucket the step reads (its
+filled positions with the `tf_cache_attention` kernel). Divided
 by a measured GEMV bandwidth (`decode_speed.gemv_bandwidth`) they give the
 lower bound of a step's time that `terraformer-bench` prints beside it.
 """
@@ -35,6 +36,16 @@ def _row_bytes(array, n_rows):
       array.dtype.itemsize)
 
 
+def _positions_read(layer, filled, keys):
+  """Cache positions a step reads with `filled` positions written: the
+  smallest bucket holding them, or just them when the step attends with
+  the in-place kernel (`kernels.layers.KernelPrefixCausalAttention`)."""
+  in_place = getattr(layer, 'reads_cache_in_place', None)
+  if in_place is not None and in_place() and keys.dtype == np.float32:
+    return min(filled, keys.shape[1])
+  return bucket_for(filled, keys.shape[1], min_bucket=layer.buckets[0])
+
+
 def _leaf_layer_bytes(layer, weights, state, position, n_tokens,
                       encoder_len=0):
   """Bytes one step reads from a layer without sublayers.
@@ -63,8 +74,7 @@ def _leaf_layer_bytes(layer, weights, state, position, n_tokens,
     # Keys and values [batch * heads, max_len, d_head]: the step reads the
     # smallest bucket holding positions 0..position.
     keys, values, index = state
-    size = bucket_for(position + n_tokens, keys.shape[1],
-                      min_bucket=layer.buckets[0])
+    size = _positions_read(layer, position + n_tokens, keys)
     per_position = lambda a: nbytes(a) // a.shape[1]
     return size * (per_position(keys) + per_position(values)) + nbytes(index)
   if isinstance(layer, CausalDotProductAttention) and len(state) == 4:
@@ -72,8 +82,7 @@ def _leaf_layer_bytes(layer, weights, state, position, n_tokens,
     # encoder_len encoder positions, then the decoder's: the step reads the
     # keys, values and validity of the smallest bucket holding them all.
     keys, values, valid, index = state
-    size = bucket_for(encoder_len + position + n_tokens, keys.shape[1],
-                      min_bucket=layer.buckets[0])
+    size = _positions_read(layer, encoder_len + position + n_tokens, keys)
     per_position = lambda a: nbytes(a) // a.shape[1]
     return size * sum(per_position(a) for a in (keys, values, valid)) + (
         nbytes(index))

@@ -287,10 +287,17 @@ class _KernelCacheAttention(_KernelMixin):
   bucketed XLA path slices the smallest bucket holding them, a copy). The
   cache update stays the parent's in-place dynamic-update-slice."""
 
+  def reads_cache_in_place(self):
+    """True when a decoding step (one query per row, float32 cache) calls
+    the kernel: it reads the filled positions only, not their bucket
+    (`terraformer.benchmarks.bytes_read`)."""
+    return (self._tf_use_ffi and kernels.available()
+            and kernels.has_kernel('tf_cache_attention'))
+
   def _cache_ffi(self, q, ks):
     # One query per row (decoding); a prompt's first call keeps XLA's dots.
-    return (self._tf_use_ffi and q.shape[1] == 1 and ks.dtype == jnp.float32
-            and kernels.available() and kernels.has_kernel('tf_cache_attention'))
+    return (q.shape[1] == 1 and ks.dtype == jnp.float32
+            and self.reads_cache_in_place())
 
   def store(self, weights, storage, store_matrix=_store):  # pylint: disable=unused-argument
     return weights

@@ -17,6 +17,7 @@ import pytest
 from trax import shapes
 
 from terraformer import kernels
+from terraformer.benchmarks import bytes_read
 from terraformer.decoding import step as decode_step
 from terraformer.kernels import layers as kernel_layers
 from terraformer.layers.lsh_attention import CausalDotProductAttention
@@ -140,6 +141,22 @@ def test_causal_dot_product_kernel_equals_buckets(isa):
   for t in range(prefill, 80):          # buckets 64 and 128
     x = (q[:, t:t + 1], k[:, t:t + 1], v[:, t:t + 1], lengths)
     np.testing.assert_allclose(kernel(x), buckets(x), rtol=1e-5, atol=1e-5)
+
+
+def test_step_bytes_count_the_filled_positions(isa):
+  """The bytes bound of a kernel step counts the positions it reads."""
+  del isa
+  heads, d_head, position = 3, 8, 9
+  layer = PrefixCausalAttention(max_inference_length=MAX_LEN, mode='predict')
+  layer.init(tuple(shapes.ShapeDtype((heads, 1, d_head)) for _ in range(3)))
+  per_position = 2 * heads * d_head * 4        # keys and values, float32
+
+  def step_bytes():
+    return sum(bytes_read.step_bytes(layer, (), layer.state,
+                                     position).values())
+  assert step_bytes() == 64 * per_position + 4  # the 64-position bucket
+  kernel_layers.install(layer)
+  assert step_bytes() == (position + 1) * per_position + 4
 
 
 def _scaling():
