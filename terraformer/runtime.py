@@ -38,7 +38,11 @@ _level = [os.environ.get(LOG_LEVEL_ENV, 'warning').lower()]
 COMPILATION_CACHE_ENV = 'TERRAFORMER_COMPILATION_CACHE'
 # Programs compiled faster than this are not written: reading one back costs
 # about as much. The first training step of a tiny model takes seconds.
+# $TERRAFORMER_COMPILATION_CACHE_MIN_SECS, if set, replaces it (the test
+# suite writes the ~50 ms programs of weight initialization too: the many
+# processes it starts on the same tiny models read them back in less).
 CACHE_MIN_COMPILE_SECS = 0.5
+CACHE_MIN_COMPILE_SECS_ENV = 'TERRAFORMER_COMPILATION_CACHE_MIN_SECS'
 _CACHE_SETTINGS = ('jax_enable_compilation_cache', 'jax_compilation_cache_dir',
                    'jax_persistent_cache_min_compile_time_secs',
                    'jax_persistent_cache_min_entry_size_bytes')
@@ -128,8 +132,9 @@ def use_compilation_cache(directory):
   """Points JAX's persistent compilation cache at `directory` (None: off);
   returns the previous settings for `restore_compilation_cache`.
 
-  Every program that takes CACHE_MIN_COMPILE_SECS or more to compile is
-  written, whatever its size (JAX: `jax_persistent_cache_min_*`). A
+  Every program that takes CACHE_MIN_COMPILE_SECS (or
+  $TERRAFORMER_COMPILATION_CACHE_MIN_SECS) or more to compile is written,
+  whatever its size (JAX: `jax_persistent_cache_min_*`). A
   directory that cannot be created turns the cache off with a notice on
   stderr (the run itself does not need it).
   """
@@ -142,7 +147,9 @@ def use_compilation_cache(directory):
       print(f'terraformer: compilation cache off: cannot create {directory}: '
             f'{e.strerror}', file=sys.stderr)
       directory = None
-  values = ((True, directory, CACHE_MIN_COMPILE_SECS, -1) if directory
+  min_secs = os.environ.get(CACHE_MIN_COMPILE_SECS_ENV, '').strip()
+  min_secs = float(min_secs) if min_secs else CACHE_MIN_COMPILE_SECS
+  values = ((True, directory, min_secs, -1) if directory
             else (False, None, saved[2], saved[3]))
   _set_compilation_cache(values)
   return saved

@@ -21,6 +21,7 @@ def _train(tmp_path, cache, *flags):
   config = tiny_lm.write_config(tmp_path)
   with pytest.MonkeyPatch.context() as patch:
     patch.setattr(runtime, 'CACHE_MIN_COMPILE_SECS', 0.0)
+    patch.delenv(runtime.CACHE_MIN_COMPILE_SECS_ENV, raising=False)
     patch.setenv(runtime.COMPILATION_CACHE_ENV, str(cache))
     code = train.main(['terraformer-train', f'--config_file={config}',
                        f'--output_dir={out_dir}', '--steps=1', *flags])
