@@ -99,6 +99,7 @@ SLOW = (
     'decoding/test_search.py::test_lm_predict_decoding_matches_eval_forward[sparse_ff_qkv_loss]',
     'decoding/test_search.py::test_state_donating_step_fn',
     'decoding/test_search.py::test_terraformer_decoding_matches_eval_forward',
+    'kernels/test_cache_attention.py::test_decoding_step_reads_cache_in_place',
     'kernels/test_kernels.py::test_decode_with_kernels_equals_xla[encdec]',
     'kernels/test_kernels.py::test_sparse_ff_kernel_equals_xla_layer[scalar]',
     'kernels/test_kernels.py::test_weight_storage',
