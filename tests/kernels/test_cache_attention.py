@@ -11,18 +11,17 @@ import re
 
 import gin
 import jax
-import jax.numpy as jnp
 import numpy as np
 import pytest
 from trax import shapes
 
 from terraformer import kernels
 from terraformer.benchmarks import bytes_read
-from terraformer.decoding import step as decode_step
 from terraformer.kernels import layers as kernel_layers
 from terraformer.layers.lsh_attention import CausalDotProductAttention
 from terraformer.layers.ops import cache_buckets
 from terraformer.layers.prefix_attention import PrefixCausalAttention
+from greedy_decoding import greedy  # tests/greedy_decoding.py
 from terraformer.models import ScalingTransformer
 from terraformer.models import Terraformer
 
@@ -183,28 +182,6 @@ def _terraformer():
       predict_mem_len=MAX_LEN, mode='predict')
 
 
-def _greedy(build, options, n_tokens=6):
-  """(logits [n_tokens, vocab], tokens, compiled HLO of the next step)."""
-  model = build()
-  sig = decode_step.predict_signature(model, prompt_len=8)
-  weights, state = model.init(sig, rng=jax.random.PRNGKey(1))
-  step = decode_step.make_step(model, options=options)
-  inputs = jnp.arange(1, 9, dtype=jnp.int32)[None]
-  token = jnp.full((1, 1), 5, jnp.int32)
-  logits, tokens = [], []
-  for _ in range(n_tokens):
-    outputs, state = step((inputs, token), weights, state,
-                          jax.random.PRNGKey(0))
-    last = (outputs[0] if isinstance(outputs, (tuple, list)) else outputs)
-    last = last[:, -1]
-    token = jnp.argmax(last, -1).astype(jnp.int32)[:, None]
-    logits.append(np.asarray(last[0]))
-    tokens.append(int(token[0, 0]))
-  hlo = step.jitted.lower((inputs, token), step.store_weights(weights), state,
-                          jax.random.PRNGKey(0)).compile().as_text()
-  return np.stack(logits), tokens, hlo
-
-
 def _bucket_slices(hlo):
   """Arrays of the step's HLO shaped like a cache bucket smaller than the
   cache, f32[rows, bucket, d_head]: the slices of the bucketed path."""
@@ -221,14 +198,16 @@ def test_decoding_step_reads_cache_in_place(isa, build):
   (the step's donated state, updated in place); greedy decoding is that of
   the bucketed path (`cache_attention_kernel.enabled = False`)."""
   del isa
-  logits, tokens, hlo = _greedy(build, ('ffi', 'float32'))
+  logits, tokens, hlo = greedy(build, ('ffi', 'float32'), n_tokens=6,
+                               compiled=True)
   assert 'custom_call_target="tf_cache_attention"' in hlo
   assert not _bucket_slices(hlo), _bucket_slices(hlo)
   # The caches are aliased to the step's outputs: updated in place.
   assert 'input_output_alias' in hlo.splitlines()[0]
   with gin.unlock_config():
     gin.bind_parameter('terraformer.cache_attention_kernel.enabled', False)
-  b_logits, b_tokens, b_hlo = _greedy(build, ('ffi', 'float32'))
+  b_logits, b_tokens, b_hlo = greedy(build, ('ffi', 'float32'), n_tokens=6,
+                                     compiled=True)
   assert 'tf_cache_attention' not in b_hlo
   assert _bucket_slices(b_hlo)   # What the kernel removes.
   np.testing.assert_allclose(logits, b_logits, rtol=0, atol=1e-5)

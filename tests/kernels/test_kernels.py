@@ -13,6 +13,7 @@ from terraformer.decoding import step as decode_step
 from terraformer import kernels
 from terraformer.kernels import layers as kernel_layers
 from terraformer.layers.sparse_ff import SparseFF
+from greedy_decoding import greedy  # tests/greedy_decoding.py
 from terraformer.models import ScalingTransformer
 from terraformer.models import ScalingTransformerLM
 
@@ -92,34 +93,11 @@ def _lm():
       loss_sparsity=4, mode='predict')
 
 
-def _greedy(build, options, n_tokens=12):
-  """(logits [n_tokens, vocab], tokens, compiled HLO text) of greedy decoding."""
-  model = build()
-  encdec = decode_step.is_encoder_decoder(model)
-  sig = decode_step.predict_signature(model, prompt_len=8)
-  weights, state = model.init(sig, rng=jax.random.PRNGKey(1))
-  step = decode_step.make_step(model, options=options)
-  inputs = jnp.arange(1, 9, dtype=jnp.int32)[None]
-  token = jnp.full((1, 1), 5, jnp.int32)
-  logits, tokens = [], []
-  for _ in range(n_tokens):
-    x = (inputs, token) if encdec else token
-    outputs, state = step(x, weights, state, jax.random.PRNGKey(0))
-    last = (outputs[0] if isinstance(outputs, (tuple, list)) else outputs)
-    last = last[:, -1]
-    token = jnp.argmax(last, -1).astype(jnp.int32)[:, None]
-    logits.append(np.asarray(last[0]))
-    tokens.append(int(token[0, 0]))
-  stored = step.store_weights(weights)
-  hlo = step.jitted.lower(x, stored, state, jax.random.PRNGKey(0)).as_text()
-  return np.stack(logits), tokens, hlo
-
-
 @pytest.mark.parametrize('build', [_encdec, _lm], ids=['encdec', 'lm'])
 def test_decode_with_kernels_equals_xla(build):
   _require_kernels()
-  logits, tokens, hlo = _greedy(build, ('xla', 'float32'))
-  k_logits, k_tokens, k_hlo = _greedy(build, ('ffi', 'float32'))
+  logits, tokens, hlo = greedy(build, ('xla', 'float32'))
+  k_logits, k_tokens, k_hlo = greedy(build, ('ffi', 'float32'))
   assert 'tf_sparse_ff' not in hlo and 'tf_skinny_matmul' not in hlo
   # Both kernels run in the step: the sparse FF block and the
   # multiplicative / dense layers.
@@ -137,9 +115,9 @@ def test_decode_with_kernels_equals_xla(build):
                                                ('int8', 0.05), ('q8', 0.05)])
 def test_weight_storage(storage, tolerance):
   _require_kernels()
-  logits, tokens, _ = _greedy(_encdec, ('xla', 'float32'))
-  k_logits, k_tokens, _ = _greedy(_encdec, ('ffi', storage))
-  x_logits, _, _ = _greedy(_encdec, ('xla', storage))
+  logits, tokens, _ = greedy(_encdec, ('xla', 'float32'))
+  k_logits, k_tokens, _ = greedy(_encdec, ('ffi', storage))
+  x_logits, _, _ = greedy(_encdec, ('xla', storage))
   delta = np.abs(k_logits - logits).max()
   assert 0 < delta < tolerance  # Rounded weights: close, not equal.
   assert k_tokens == tokens
@@ -166,14 +144,14 @@ def test_store_weights_types():
 
 def test_fallback_without_library(monkeypatch):
   """No library: kernels requested, XLA's code runs, same numbers."""
-  logits, tokens, _ = _greedy(_encdec, ('xla', 'float32'))
+  logits, tokens, _ = greedy(_encdec, ('xla', 'float32'))
   monkeypatch.setenv('TERRAFORMER_KERNELS_LIB', '/nonexistent/lib.so')
   monkeypatch.setattr(kernels, '_state',
                       {'lib': None, 'tried': False, 'error': None})
   assert not kernels.available()
   assert 'cannot load' in kernels.unavailable_reason()
   with pytest.warns(UserWarning, match='not available'):
-    f_logits, f_tokens, hlo = _greedy(_encdec, ('ffi', 'float32'))
+    f_logits, f_tokens, hlo = greedy(_encdec, ('ffi', 'float32'))
   assert 'tf_sparse_ff' not in hlo and 'tf_skinny_matmul' not in hlo
   np.testing.assert_array_equal(f_logits, logits)
   assert f_tokens == tokens
