@@ -20,8 +20,13 @@ inherit the environment):
 - XLA compiles without its expensive optimisation passes
   (COMPILE_FLAGS): the suite's programs are tiny models run for a few steps,
   where compiling at the default level costs more than it saves (a resume
-  test: 46 s at the default level, 27 s with these flags). The programs
-  compute the same functions; only fusion and code generation differ.
+  test: 46 s at the default level, 27 s with the first two flags). XLA's
+  CPU backend also emits its fusions with the older LLVM emitter instead of
+  the MLIR fusion emitters, in one code-generation module instead of split
+  ones: tests/layers/test_reversible.py and test_lsh_attention.py took 63
+  CPU-s without these two, 35 s with them; tests/models/test_long_inputs.py
+  115 s and 85 s. The programs compute the same functions; only fusion and
+  code generation differ.
 - XLA's CPU rendezvous waits longer: on a loaded machine (2 cores, load 5-7)
   the threads of 4 forced host devices reached an all-reduce more than 40 s
   apart, and XLA ended the process ("Termination timeout for `all reduce
@@ -45,7 +50,9 @@ os.environ.setdefault(runtime.COMPILATION_CACHE_ENV,
 os.environ.setdefault(runtime.CACHE_MIN_COMPILE_SECS_ENV, '0.02')
 runtime.use_compilation_cache(runtime.compilation_cache_dir())
 COMPILE_FLAGS = ('--xla_backend_optimization_level=0',
-                 '--xla_llvm_disable_expensive_passes=true')
+                 '--xla_llvm_disable_expensive_passes=true',
+                 '--xla_cpu_use_fusion_emitters=false',
+                 '--xla_cpu_parallel_codegen_split_count=1')
 
 os.environ['XLA_FLAGS'] = ' '.join(
     [os.environ.get('XLA_FLAGS', '')] +
