@@ -18,6 +18,7 @@ from trax.layers import attention as trax_attention
 from trax.layers import combinators as trax_combinators
 from trax.layers import core as trax_core
 
+from terraformer.layers.cross_attention import CrossAttention
 from terraformer.layers.lsh_attention import CausalDotProductAttention
 from terraformer.layers.prefix_attention import PrefixCausalAttention
 from terraformer.layers.ops import bucket_for
@@ -62,6 +63,10 @@ def _leaf_layer_bytes(layer, weights, state, position, n_tokens,
     scales = sum(_row_bytes(s, rows) for s in weights[6:])
     return (nbytes((c1, c2, c, b2)) + _row_bytes(w1t, rows)
             + _row_bytes(w2, rows) + scales)
+  if isinstance(layer, CrossAttention):
+    # Its state is the encoder's keys and values split into heads: the
+    # bytes of the tl.Cache outputs it replaces, counted there.
+    return 0
   if isinstance(layer, trax_core.Dropout) and layer._mode != 'train':  # pylint: disable=protected-access
     return 0  # Its state (the rate) is only read in train mode.
   if isinstance(layer, trax_core.Embedding):
