@@ -123,6 +123,20 @@ def speed(data, opts):
   return columns, rows
 
 
+def speeds(pairs, opts):
+  """One row per terraformer-bench --json run, labelled LABEL (LABEL=PATH;
+  one model per run): the same model timed under other bindings or input
+  lengths, which one run cannot vary. The columns are `speed`'s."""
+  columns, rows = None, []
+  for label, data in pairs:
+    if len(data['models']) != 1:
+      raise TableError(f'{label}: {len(data["models"])} models in the run; '
+                       'takes runs of one model')
+    columns, (row,) = speed(data, Options({data['models'][0]['name']: label}))
+    rows.append(row)
+  return columns, rows
+
+
 def projection(data, opts):
   """terraformer-bench --project_layers: measured, projected, paper (and,
   with a JSON that has them, the projected speedups over the dense model of
@@ -552,6 +566,8 @@ Mode = collections.namedtuple('Mode', 'table inputs reads')
 MODES = {
     'speed': Mode(speed, 'json', 'terraformer-bench --json (with '
                   '--compare_trax: also Trax ms/token, ours vs Trax)'),
+    'speeds': Mode(speeds, 'labelled', 'LABEL=PATH of terraformer-bench '
+                   '--json of one model (several: a row each)'),
     'projection': Mode(projection, 'json',
                        'terraformer-bench --project_layers=L --json'),
     'user_path': Mode(user_path, 'json',

@@ -68,6 +68,28 @@ def test_speed_table_has_the_clis_cells_and_labels(tmp_path, capsys):
   assert 'figure loss: 10.39x' in out
 
 
+def test_speeds_gives_a_labelled_row_per_run_of_one_model(tmp_path, capsys):
+  """Runs of one model each (the same model under other bindings or input
+  lengths): a row per run, in order, with its label."""
+  with open(BENCH_17B, encoding='utf-8') as f:
+    bench = json.load(f)
+  runs = [_write(tmp_path, f'run{i}.json',
+                 dict(bench, models=[bench['models'][i]])) for i in (3, 0)]
+  code, table, figures = _run(
+      tmp_path, 'speeds', f'after={runs[0]}', f'before={runs[1]}',
+      '--columns=model,ms/token [min-max]',
+      '--figure=b=before:ms/token [min-max]')
+  assert code == 0
+  assert table['rows'] == [['after', '103.2 [98.7-105.1]'],
+                           ['before', '961.9 [780.1-1014.6]']]
+  assert figures == ['b=961.9 [780.1-1014.6]']
+  two = _write(tmp_path, 'two.json', dict(bench, models=bench['models'][:2]))
+  (tmp_path / 'bad').mkdir()
+  code, table, _ = _run(tmp_path / 'bad', 'speeds', f'x={two}')
+  assert code == 2 and table is None
+  _one_line_error(capsys, 'x: 2 models in the run; takes runs of one model')
+
+
 def test_speed_and_projection_show_the_dense_speedups_where_the_json_has_them(
     tmp_path):
   """A JSON written before the speedups over the dense model keeps its

@@ -8,10 +8,27 @@ and kept by `tl.Cache`, so every decoding step transposes all of them again
 most of a step in those copies (24 blocks x 2 x 4 MB read and written per
 token).
 """
+import gin
 import jax.numpy as jnp
 from trax import layers as tl
 
 from terraformer.layers.ops import logsumexp_last
+
+
+@gin.configurable(module='terraformer')
+def cross_attention_split_once(enabled=True):
+  """Whether encoder-decoder attention is a `CrossAttention` (decoding keeps
+  the encoder's keys and values split into heads); False gives Trax's
+  `tl.PureAttention`, which splits them again at every decoding step (the
+  same outputs: for timing the difference)."""
+  return enabled
+
+
+def EncoderDecoderAttention(n_heads, dropout, mode):
+  """(q, k, v, mask) -> (y, mask): a `CrossAttention`, or Trax's
+  `tl.PureAttention` where `cross_attention_split_once.enabled` is False."""
+  layer = CrossAttention if cross_attention_split_once() else tl.PureAttention
+  return layer(n_heads=n_heads, dropout=dropout, mode=mode)
 
 
 class CrossAttention(tl.PureAttention):
@@ -49,4 +66,3 @@ def _heads(x, n_heads):
   """[batch, length, d] -> [batch, n_heads, length, d / n_heads]."""
   batch, length, d = x.shape
   return x.reshape(batch, length, n_heads, d // n_heads).swapaxes(1, 2)
-

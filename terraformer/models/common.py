@@ -7,7 +7,7 @@ from terraformer.errors import TerraformerError
 from terraformer.layers import reversible as rev
 from terraformer.layers.attention import SelfAttention
 from terraformer.layers.attention import TransformerSelfAttention
-from terraformer.layers.cross_attention import CrossAttention
+from terraformer.layers.cross_attention import EncoderDecoderAttention
 from terraformer.layers.local_conv import LocalConv
 from terraformer.layers.low_rank_sru import LowRankSRU
 from terraformer.layers.lsh_attention import PerExamplePrefill
@@ -144,7 +144,7 @@ class Sublayers:
     Trax's `AttentionQKV(cache_KV_in_predict=True, q_sparsity=S,
     result_sparsity='noop')`, its `tl.PureAttention` a `CrossAttention`
     (the same math; decoding splits the cached keys and values into heads
-    once). Keys and values come from the encoder and are
+    once; gin `cross_attention_split_once.enabled = False` keeps Trax's). Keys and values come from the encoder and are
     computed once per input (cached in predict mode), so they stay dense, as
     in the paper's decoding cost analysis (§1); sparse attention makes the
     queries sparse (a 3 x 3 causal convolution, as Trax) and drops the
@@ -161,8 +161,8 @@ class Sublayers:
         tl.Branch(tl.Dense(self.d_model), tl.Dense(self.d_model)), self.mode)
     return tl.Serial(
         tl.Parallel(queries, keys_values),       # q k v mask
-        CrossAttention(n_heads=self.n_heads, dropout=self.dropout,
-                       mode=self.mode),          # y mask
+        EncoderDecoderAttention(n_heads=self.n_heads, dropout=self.dropout,
+                                mode=self.mode),  # y mask
         output,
     )
 

@@ -1,5 +1,8 @@
 """CrossAttention: Trax's tl.PureAttention, keys and values split once when
 decoding."""
+import os
+
+import gin
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -7,7 +10,11 @@ import pytest
 from trax import layers as tl
 from trax import shapes
 
+from terraformer import config
+from terraformer.cli import common
 from terraformer.layers.cross_attention import CrossAttention
+
+GIN_DIR = os.path.join(os.path.dirname(__file__), '..', '..', 'gin')
 
 B, L, D, H = 2, 7, 16, 4
 
@@ -97,3 +104,26 @@ def test_the_compiled_step_copies_no_key_or_value():
 
   assert not copies(CrossAttention(n_heads=H, mode='predict'))
   assert copies(tl.PureAttention(n_heads=H, mode='predict'))
+
+
+@pytest.mark.parametrize('enabled', [True, False])
+def test_gin_switch_picks_the_models_layer(enabled):
+  """`cross_attention_split_once.enabled = False` builds the model with
+  Trax's tl.PureAttention (what the decoding-speed comparison times)."""
+  common.setup()
+  config.parse_gin([os.path.join(GIN_DIR, 'tiny', 'encdec_sparse.gin')],
+                   [f'terraformer.cross_attention_split_once.enabled = '
+                    f'{enabled}'])
+  try:
+    model = config.model_from_config()(mode='predict')
+  finally:
+    gin.clear_config()
+  kinds = {type(layer) for layer in _sublayers(model)}
+  assert (CrossAttention in kinds) == enabled
+  assert (tl.PureAttention in kinds) != enabled
+
+
+def _sublayers(layer):
+  yield layer
+  for sub in layer.sublayers:
+    yield from _sublayers(sub)
