@@ -4,17 +4,14 @@ Weights are never allocated: `jax.eval_shape` runs `model.init` on abstract
 values, so an 800M-parameter model is counted in seconds and little memory.
 """
 import collections
-import contextlib
 import copy
 import inspect
 
 import gin
 import jax
-import jax.numpy as jnp
 import numpy as np
 from trax import layers as tl
 from trax import shapes
-from trax.layers import base as trax_base
 
 from terraformer import config
 from terraformer.training import fsdp
@@ -37,100 +34,17 @@ def input_signature_for(model, batch_size=1, length=512):
   return sig[0] if len(sig) == 1 else tuple(sig)
 
 
-def _avals_key(tree):
-  """Hashable (structure, shapes, dtypes, weak types) of a tree of arrays,
-  tracers or ShapeDtypes; None if a leaf is anything else or a key array."""
-  leaves, treedef = jax.tree_util.tree_flatten(tree)
-  key = []
-  for leaf in leaves:
-    dtype = getattr(leaf, 'dtype', None)
-    if (not hasattr(leaf, 'shape') or dtype is None
-        or jax.dtypes.issubdtype(dtype, jax.dtypes.extended)):
-      return None
-    weak = getattr(getattr(leaf, 'aval', leaf), 'weak_type', False)
-    key.append((tuple(leaf.shape), str(dtype), bool(weak)))
-  return treedef, tuple(key)
-
-
-def _strong_shapes(tree):
-  """`tree` with `jax.ShapeDtypeStruct` leaves, or None where zeros of its
-  shapes would not stand for it (a leaf that is not an array, a key array,
-  a weakly typed value)."""
-  key = _avals_key(tree)
-  if key is None or any(weak for _, _, weak in key[1]):
-    return None
-  return jax.tree_util.tree_map(
-      lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype), tree)
-
-
-def _zeros_like_shapes(tree):
-  return jax.tree_util.tree_map(lambda s: jnp.zeros(s.shape, s.dtype), tree)
-
-
-@contextlib.contextmanager
-def _forwards_traced_once():
-  """Inside: a layer's forward, called again on the inputs, weights and
-  state signatures of an earlier call, gives zeros of that call's output
-  and state shapes instead of being traced again.
-
-  Trax's combinators find each sublayer's output signature by tracing its
-  forward (`Serial.init_weights_and_state` -> `_forward_abstract`), and
-  that trace runs the forwards of all the sublayer's own sublayers: a layer
-  nested k combinators deep is traced k times. Under `jax.eval_shape`
-  only shapes exist, so the first trace's shapes are all the later ones
-  need: the same weight shapes, in about half the time for the repository's
-  models. Use only around shape-only work: the zeros are not the forward's
-  values, and `Layer.pure_fn` is replaced class-wide while inside (no other
-  thread may run layers meanwhile). Layers are kept alive while inside (an
-  id is not reused), and calls that read weights from Trax's cache of a
-  shared layer are always traced.
-  """
-  seen = {}
-  pure_fn = trax_base.Layer.pure_fn
-
-  def pure_fn_once(layer, x, weights, state, rng, use_cache=False):
-    key = None
-    if not (isinstance(weights, dict)
-            and weights == trax_base.GET_WEIGHTS_FROM_CACHE):
-      key = _avals_key((x, weights, state))
-    if key is not None:
-      key = (id(layer), use_cache) + key
-      if key in seen:
-        _, out_shapes, state_shapes = seen[key]
-        new_state = _zeros_like_shapes(state_shapes)
-        if use_cache:  # What Trax's pure_fn leaves in the layer.
-          layer.weights, layer.state = weights, new_state
-        return _zeros_like_shapes(out_shapes), new_state
-    out, new_state = pure_fn(layer, x, weights, state, rng,
-                             use_cache=use_cache)
-    if key is not None:
-      out_shapes, state_shapes = _strong_shapes(out), _strong_shapes(new_state)
-      if out_shapes is not None and state_shapes is not None:
-        seen[key] = (layer, out_shapes, state_shapes)
-    return out, new_state
-
-  trax_base.Layer.pure_fn = pure_fn_once
-  try:
-    yield
-  finally:
-    trax_base.Layer.pure_fn = pure_fn
-
-
 def weight_shapes(model, input_signature):
   """Returns the weights tree of `model` with `jax.ShapeDtypeStruct` leaves.
 
   `model.init` stores weights, state and rngs in the layers as a side effect;
   under `eval_shape` those would be tracers, so a copy of `model` is
   initialized and thrown away: `model` itself is left untouched. Each
-  sublayer's forward is traced once per signature (`_forwards_traced_once`).
+  sublayer's forward is traced once per signature (compat fix 7).
   """
   scratch = copy.deepcopy(model)
-
-  def init(rng):
-    with _forwards_traced_once():
-      return scratch.init(input_signature, rng=rng)[0]
-
-  return jax.eval_shape(init, jax.random.PRNGKey(0))
+  return jax.eval_shape(lambda rng: scratch.init(input_signature, rng=rng)[0],
+                        jax.random.PRNGKey(0))
 
 
 def _size(leaf):

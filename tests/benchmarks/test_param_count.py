@@ -10,10 +10,10 @@ import trax
 from trax import fastmath
 from trax import layers as tl
 from trax import shapes
-from trax.layers import base as trax_base
 
 from terraformer import errors
 from terraformer.benchmarks import param_count
+from terraformer.trax_bridge import compat
 
 import peak_rss  # tests/peak_rss.py
 
@@ -106,6 +106,7 @@ _COUNT_800M = """
 import json
 import trax
 from terraformer.benchmarks import param_count
+from terraformer.trax_bridge import compat
 model = lambda mode: trax.models.TransformerLM(
     32000, d_model=2048, d_ff=8192, n_layers=16, n_heads=2, max_len=2048,
     mode=mode)
@@ -149,10 +150,14 @@ def test_model_from_gin_train_binding():
 
 
 def _plain_weight_shapes(model, signature):
-  """weight_shapes without tracing each forward once: Trax's own init."""
+  """weight_shapes with Trax's own init (compat fix 7 undone)."""
   scratch = copy.deepcopy(model)
-  return jax.eval_shape(
-      lambda rng: scratch.init(signature, rng=rng)[0], jax.random.PRNGKey(0))
+  compat.undo('init_traces')
+  try:
+    return jax.eval_shape(
+        lambda rng: scratch.init(signature, rng=rng)[0], jax.random.PRNGKey(0))
+  finally:
+    compat.apply()
 
 
 def _leaf_shapes(tree):
@@ -163,8 +168,8 @@ def _leaf_shapes(tree):
 @pytest.mark.parametrize('name', ['terraformer', 'scaling_lm_sparse',
                                   'scaling_encoder_decoder'])
 def test_weight_shapes_equal_trax_init_shapes(name):
-  """Tracing each sublayer's forward once per signature gives the weight
-  tree of Trax's own init; Trax's Layer.pure_fn is restored afterwards."""
+  """Tracing each sublayer's forward once per signature (compat fix 7) gives
+  the weight tree of Trax's own init."""
   from terraformer.models import scaling_transformer  # pylint: disable=g-import-not-at-top
   from terraformer.models import terraformer  # pylint: disable=g-import-not-at-top
   small = dict(d_model=16, d_ff=32, n_heads=2, d_lowrank=4, max_len=64,
@@ -182,17 +187,6 @@ def test_weight_shapes_equal_trax_init_shapes(name):
           ff_sparsity=4, **small),
   }[name]()
   signature = param_count.input_signature_for(model, batch_size=2, length=16)
-  pure_fn = trax_base.Layer.pure_fn
   fast = param_count.weight_shapes(model, signature)
-  assert trax_base.Layer.pure_fn is pure_fn
   assert _leaf_shapes(fast) == _leaf_shapes(
       _plain_weight_shapes(model, signature))
-
-
-def test_forwards_traced_once_restores_pure_fn_on_error():
-  pure_fn = trax_base.Layer.pure_fn
-  with pytest.raises(RuntimeError):
-    with param_count._forwards_traced_once():  # pylint: disable=protected-access
-      assert trax_base.Layer.pure_fn is not pure_fn
-      raise RuntimeError('inside')
-  assert trax_base.Layer.pure_fn is pure_fn

@@ -292,3 +292,91 @@ def test_trax_import_reads_no_frame_sources():
   assert result['calls'] < 200, result['calls']
   assert any(m.startswith('Defined at ') and 'activation_fns.py:' in m
              for m in result['messages']), result['messages']
+
+
+# Fix 7: each sublayer's forward traced once per signature while a model is
+# initialized.
+
+
+class _CountedForward(tl.Layer):
+  """x -> 2x, counting its forward calls (the traces of init)."""
+  calls = 0
+
+  def forward(self, x):
+    type(self).calls += 1
+    return 2 * x
+
+
+def _counted_init():
+  _CountedForward.calls = 0
+  model = tl.Serial(tl.Serial(tl.Serial(_CountedForward(), tl.Relu())),
+                    tl.Dense(3))
+  model.init(shapes.ShapeDtype((2, 4), np.float32))
+  return _CountedForward.calls
+
+
+def test_init_traces_a_nested_forward_once():
+  # Without the fix each of the 3 Serials around the layer traces it again.
+  with undone('init_traces'):
+    assert _counted_init() == 3
+  assert _counted_init() == 1
+
+
+def _small_terraformer(mode):
+  from terraformer.models import terraformer  # pylint: disable=g-import-not-at-top
+  return terraformer.Terraformer(
+      input_vocab_size=32, d_model=16, d_ff=32, n_heads=2, d_lowrank=4,
+      n_encoder_layers=2, n_decoder_layers=2, ff_sparsity=4,
+      attention_sparsity=2, loss_sparsity=2, d_sru=8, lsh_chunk_len=8,
+      max_len=64, predict_mem_len=48, predict_drop_len=16, dropout=0.1,
+      mode=mode)
+
+
+def _small_encoder_decoder(mode):
+  from terraformer.models import scaling_transformer  # pylint: disable=g-import-not-at-top
+  return scaling_transformer.ScalingTransformer(
+      input_vocab_size=32, d_model=16, d_ff=32, n_heads=2,
+      n_encoder_layers=2, n_decoder_layers=2, ff_sparsity=4,
+      attention_sparsity=2, loss_sparsity=2, max_len=64, dropout=0.1,
+      mode=mode)
+
+
+@pytest.mark.parametrize('build', [_small_terraformer, _small_encoder_decoder])
+@pytest.mark.parametrize('mode', ['train', 'predict'])
+def test_init_gives_the_weights_and_state_of_traxs_init(build, mode):
+  """The same weights and state, bit for bit, as Trax's own init (the fix
+  undone), from the same rng; then the same forward."""
+  tokens = shapes.ShapeDtype((2, 16), np.int32)
+  signature = (tokens, tokens)
+
+  def init():
+    model = build(mode)
+    weights, state = model.init(signature, rng=jax.random.PRNGKey(3))
+    return model, weights, state
+
+  with undone('init_traces'):
+    trax_model, trax_weights, trax_state = init()
+  model, weights, state = init()
+  leaves = lambda tree: jax.tree_util.tree_flatten(tree)
+  (a, tree_a), (b, tree_b) = leaves((weights, state)), leaves(
+      (trax_weights, trax_state))
+  assert tree_a == tree_b and len(a) == len(b)
+  for x, y in zip(a, b):
+    np.testing.assert_array_equal(x, y)
+  if mode == 'train':
+    rng = np.random.default_rng(0)
+    batch = (rng.integers(1, 32, (2, 16)), rng.integers(1, 32, (2, 16)))
+    fixed = model(batch, rng=jax.random.PRNGKey(4))
+    plain = trax_model(batch, rng=jax.random.PRNGKey(4))
+    for x, y in zip(jax.tree_util.tree_leaves(fixed),
+                    jax.tree_util.tree_leaves(plain)):
+      np.testing.assert_array_equal(x, y)
+
+
+def test_an_init_that_fails_leaves_nothing_behind():
+  bad = tl.Serial(tl.Dense(3), tl.Fn('Fails', lambda x: x.reshape(7)))
+  with pytest.raises(tl.LayerError):
+    bad.init(shapes.ShapeDtype((2, 4), np.float32))
+  assert _counted_init() == 1  # Nothing stale: the next init starts afresh.
+  state = compat._init_shapes  # pylint: disable=protected-access
+  assert (state.inits, state.abstract, state.seen) == (0, 0, None)
