@@ -144,11 +144,11 @@ class Sublayers:
     Trax's `AttentionQKV(cache_KV_in_predict=True, q_sparsity=S,
     result_sparsity='noop')`, its `tl.PureAttention` a `CrossAttention`
     (the same math; decoding splits the cached keys and values into heads
-    once; gin `cross_attention_split_once.enabled = False` keeps Trax's). Keys and values come from the encoder and are
-    computed once per input (cached in predict mode), so they stay dense, as
-    in the paper's decoding cost analysis (§1); sparse attention makes the
-    queries sparse (a 3 x 3 causal convolution, as Trax) and drops the
-    output layer.
+    once; gin `cross_attention_split_once.enabled = False` keeps Trax's).
+    Keys and values come from the encoder and are computed once per input
+    (cached in predict mode), so they stay dense, as in the paper's decoding
+    cost analysis (§1); sparse attention makes the queries sparse (a 3 x 3
+    causal convolution, as Trax) and drops the output layer.
     """
     if self.cross_attention_sparsity:
       queries = SparseQKV(self.d_model, self.cross_attention_sparsity, 3,
