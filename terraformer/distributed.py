@@ -10,6 +10,8 @@ JAX's own engine rather than a home-made one:
   are bounded: a process that never joins, or dies, stops the others with an
   error instead of a hang.
 - `say`: a progress line, printed by process 0 only.
+- `widen_cpu_client_pool`: enough CPU threads for a collective's parts to
+  meet (`import terraformer` and `initialize` call it).
 - `is_multiprocess`, `global_mean`, `broadcast_from_process_0`,
   `broadcast_json`, `shared_seed`, `process_rows`: what the trainers, the
   checkpoint store and the data streams need to run as one of N processes
@@ -62,9 +64,9 @@ def initialize(coordinator_address=None, num_processes=None, process_id=None,
   jax.config.update('jax_cpu_collectives_implementation', 'gloo')
   # Small CPU computations dispatched inline, not queued behind a pmapped
   # step's all-reduce (tried first against the 2 x 2-device hang whose cause
-  # was the CPU client's thread pool: _widen_cpu_client_pool).
+  # was the CPU client's thread pool: widen_cpu_client_pool).
   jax.config.update('jax_cpu_enable_async_dispatch', False)
-  _widen_cpu_client_pool()
+  widen_cpu_client_pool(across_processes=True)
   try:
     jax.distributed.initialize(
         coordinator_address, num_processes, process_id,
@@ -101,26 +103,31 @@ def _local_cpu_devices():
   return 1
 
 
-def _widen_cpu_client_pool():
-  """Gives XLA's CPU client more threads than this process has devices.
+def widen_cpu_client_pool(across_processes=False):
+  """Gives XLA's CPU client 4 threads per local device when the cores are
+  fewer, for a process of 2+ CPU devices (or of collectives across processes).
 
   The CPU client runs each local device's part of a multi-device program
   (every pmapped step, every `x[0]` of a replicated array) on one thread of
-  a pool of max(cores, local devices) threads, and a part waiting in a gloo
-  collective holds its thread until the other processes join. With as many
-  cores as devices (2 x 2 forced devices on 2 cores) nothing else can run
-  while a collective waits: a 2-process Trax Loop job hung intermittently
-  (4 of ~20 runs of 12 steps; in a gdb dump one pool thread of process 1 sat
-  in a gloo all-reduce, the other in a launch blocked on a semaphore, so the
-  other device's part never ran). Re-tested: 5 hangs in 10 runs with
-  PJRT_NPROC=2, 0 in 30 with 4 threads per device. PJRT_NPROC (read when
-  JAX creates the CPU client, after this) sets the pool size; an explicit
-  PJRT_NPROC or NPROC is kept.
+  a pool of max(cores, local devices) threads, and a part waiting in a
+  collective holds its thread until the other parts (or processes) join.
+  With no more threads than devices, one device's part can find no thread:
+  a 2-process x 2-device Trax Loop job hung in 5 of 10 runs with
+  PJRT_NPROC=2 and in 0 of 30 with 4 threads per device (a gdb dump: one
+  pool thread in a gloo all-reduce, the other in a launch blocked on the
+  per-device semaphore; docs/many-devices.md, "CPU thread pool"), and a
+  1-process x 4-device job on 2 cores hung once in CI (3 of 4 parts at the
+  all-reduce's rendezvous). PJRT_NPROC, read when JAX creates the CPU client
+  (after this), sets the pool size and XLA's compute pool alike; an explicit
+  PJRT_NPROC or NPROC is kept, and so is one device's pool.
   """
   if 'PJRT_NPROC' in os.environ or 'NPROC' in os.environ:
     return
-  threads = 4 * _local_cpu_devices()
-  if (os.cpu_count() or 1) < threads:
+  devices = _local_cpu_devices()
+  if devices < 2 and not across_processes:
+    return
+  threads = 4 * devices
+  if len(os.sched_getaffinity(0)) < threads:
     os.environ['PJRT_NPROC'] = str(threads)
 
 

@@ -8,7 +8,10 @@
   and JAX's "jax.process_count has been renamed" warning that Trax's Loop
   triggers; an error raised during such an import shows all that was hidden;
 - applies `terraformer.trax_bridge.compat` (Trax 1.4.1 on the pinned JAX)
-  right after Trax is imported: the one place the fixes are installed.
+  right after Trax is imported: the one place the fixes are installed;
+- gives XLA's CPU client 4 threads per device in a process of forced host
+  devices on fewer cores (`distributed.widen_cpu_client_pool`: else a
+  collective can hang).
 
 The log level comes from the environment variable TERRAFORMER_LOG_LEVEL
 (`debug`, `info`, `warning` (default), `error`) or the CLIs' `--verbosity`
@@ -25,6 +28,7 @@ import sys
 import tempfile
 import warnings
 
+from terraformer import distributed
 from terraformer.trax_bridge import compat
 
 LOG_LEVEL_ENV = 'TERRAFORMER_LOG_LEVEL'
@@ -184,9 +188,12 @@ def _filter_warnings():
 
 
 def install():
-  """Quiet imports, Trax's fixes (idempotent); `import terraformer` runs it."""
+  """Quiet imports, Trax's fixes (idempotent); `import terraformer` runs it.
+  Also widens XLA's CPU thread pool for forced host devices (before JAX
+  starts its CPU client: `distributed.widen_cpu_client_pool`)."""
   compat.speed_up_trax_import()  # Before anything imports Trax (compat fix 0).
   _filter_warnings()
+  distributed.widen_cpu_client_pool()
   if 'trax' in sys.modules:  # Imported before terraformer: fix it now.
     compat.apply()
   if not any(isinstance(f, _QuietImportHook) for f in sys.meta_path):
