@@ -860,6 +860,10 @@ ffi::Error SkinnyMatmulImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x,
   });
 }
 
+// Chunks of a sparse FF step's blocks (at most): as many as a 2-4 thread
+// pool takes evenly.
+constexpr int64_t kFFChunks = 4;
+
 // x [T, d], C1 [d, r], C2 [r, F], c [F], W1ᵀ [F, d], W2 [F, d], b2 [d],
 // s1 [F] and s2 [F] (row scales; ones for float weights) -> y [T, d].
 ffi::Error SparseFFImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x,
@@ -895,21 +899,39 @@ ffi::Error SparseFFImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x,
     using W = std::remove_const_t<std::remove_pointer_t<decltype(tag)>>;
     const W* w1p = static_cast<const W*>(w1t.untyped_data());
     const W* w2p = static_cast<const W*>(w2.untyped_data());
+    // The blocks go in kFFChunks fixed chunks, each summing into its own
+    // row; y = b2 + the chunks' rows in order: the same bits whether the
+    // chunks ran on one thread or several.
+    const int64_t n_chunks = std::min(kFFChunks, n_blocks);
+    const int64_t per_chunk = (n_blocks + n_chunks - 1) / n_chunks;
+    std::vector<float> partial(n_chunks * d);
+    // Bytes of the selected rows of W1ᵀ and W2 that one token reads.
+    const bool parallel = n_blocks * 2 * d * static_cast<int64_t>(sizeof(W)) >=
+                          g_parallel_bytes.load();
     for (int64_t t = 0; t < T; ++t) {
       const float* xt = xp + t * d;
       const float* lt = logits.data() + t * F;
+      std::fill(partial.begin(), partial.end(), 0.f);
+      ParallelFor(parallel ? &pool : nullptr, n_chunks, [&](int64_t c) {
+        float* yc = partial.data() + c * d;
+        for (int64_t k = c * per_chunk;
+             k < std::min(n_blocks, (c + 1) * per_chunk); ++k) {
+          // First maximum of the block (jnp.argmax's choice).
+          int64_t best = k * block;
+          float best_v = lt[best] + cbp[best];
+          for (int64_t j = best + 1; j < (k + 1) * block; ++j) {
+            float v = lt[j] + cbp[j];
+            if (v > best_v) best_v = v, best = j;
+          }
+          float h = s1p[best] * Dot(isa, w1p + best * d, xt, d);
+          if (h > 0.f) Axpy(isa, h * s2p[best], w2p + best * d, yc, d);
+        }
+      });
       float* yt = yp + t * d;
       std::copy(b2p, b2p + d, yt);
-      for (int64_t k = 0; k < n_blocks; ++k) {
-        // First maximum of the block (jnp.argmax's choice).
-        int64_t best = k * block;
-        float best_v = lt[best] + cbp[best];
-        for (int64_t j = best + 1; j < (k + 1) * block; ++j) {
-          float v = lt[j] + cbp[j];
-          if (v > best_v) best_v = v, best = j;
-        }
-        float h = s1p[best] * Dot(isa, w1p + best * d, xt, d);
-        if (h > 0.f) Axpy(isa, h * s2p[best], w2p + best * d, yt, d);
+      for (int64_t c = 0; c < n_chunks; ++c) {
+        const float* yc = partial.data() + c * d;
+        for (int64_t i = 0; i < d; ++i) yt[i] += yc[i];
       }
     }
   });

@@ -1,7 +1,7 @@
 """Predict-mode layers that run the fused kernels, and weight storage.
 
-`install(model, use_ffi, storage)` turns the decoding copies of three layer
-kinds into kernel-backed subclasses (their weights, names and every other
+`install(model, use_ffi, storage)` turns the decoding copies of the layer
+kinds below into kernel-backed subclasses (their weights, names and every other
 behaviour stay the same; only the predict-mode forward changes):
 
   SparseFF (predict)   -> KernelSparseFF              tf_sparse_ff
@@ -9,6 +9,8 @@ behaviour stay the same; only the predict-mode forward changes):
                           (sparse QKV's and the sparse loss's, §3.2-3.3)
   tl.Dense             -> KernelDense                 tf_skinny_matmul
                           (both: tf_q8_matmul with 'q8' storage)
+  ModuleConv (predict) -> KernelModuleConv            tf_q8_matmul ('q8')
+                          (sparse QKV's convolutions, as a product)
   PrefixCausalAttention (predict)                     tf_cache_attention
                        -> KernelPrefixCausalAttention
   CausalDotProductAttention (predict)                 tf_cache_attention
@@ -25,7 +27,8 @@ matrices (W1ᵀ and W2 of SparseFF, E of MultiplicativeDense, W of Dense) to
 bfloat16, or to int8 with one float32 scale per row (appended after the
 layer's own weights: scaled rows of W1ᵀ/W2 are units, rows of E and W are
 input features, whose scales fold into the input). Controllers, biases,
-embeddings and attention caches stay float32. `map_leaf_layers` is the walk
+embeddings and attention caches stay float32, and so do ModuleConv's
+kernels except in 'q8'. `map_leaf_layers` is the walk
 over a model's layers and weights that both this and the benchmark's random
 weights (`terraformer.benchmarks.weight_factory`) use.
 
@@ -34,8 +37,9 @@ weights (`terraformer.benchmarks.weight_factory`) use.
 (`tf_q8_matmul`: groups of 16 outputs x 4 inputs, one float32 scale per
 output, appended like int8's), and each call quantizes its input rows to
 int8 per block of 32 (`quantize_activations`), the products being integer
-dot products. SparseFF, whose step reads single rows, stores W1ᵀ and W2 as
-'int8'.
+dot products; ModuleConv's kernels [F, F', M, M] are packed as [F F' M, M]
+and each convolution of a step is that product over its patches. SparseFF,
+whose step reads single rows, stores W1ᵀ and W2 as 'int8'.
 
 Each layer calls its kernel when `use_ffi` and the library is loaded
 (`terraformer.kernels.available()`) and the step has at most MAX_FFI_ROWS
@@ -57,6 +61,7 @@ from terraformer.layers.lsh_attention import CausalDotProductAttention
 from terraformer.layers.multiplicative_dense import MultiplicativeDense
 from terraformer.layers.prefix_attention import PrefixCausalAttention
 from terraformer.layers.sparse_ff import SparseFF
+from terraformer.layers.sparse_qkv_attention import ModuleConv
 
 STORAGES = ('float32', 'bfloat16', 'int8', 'q8')
 # The Q8 GEMV's layout (terraformer/kernels/decode_kernels.cc, "The Q8
@@ -272,6 +277,64 @@ class KernelDense(_KernelMixin, trax_core.Dense):
     return (w,) + tuple(weights[1:]) + s
 
 
+def conv_patches(image, length_kernel, module_kernel, length_pad):
+  """`ModuleConv`'s convolution as one product: image [B, L, S, M] ->
+  patches [B, L', S, F * F' * M], the inputs that each output position sees,
+  ordered as its kernel [F, F', M, M] (HWIO) flattened to [F * F' * M, M];
+  zero padding along modules keeps S, `length_pad` (before, after) pads the
+  length (predict mode: (0, 0) over the kept F - 1 inputs and the new ones).
+  """
+  modules = image.shape[2]
+  padded = jnp.pad(image, ((0, 0), tuple(length_pad),
+                           ((module_kernel - 1) // 2, module_kernel // 2),
+                           (0, 0)))
+  length = padded.shape[1] - length_kernel + 1
+  patches = jnp.stack([padded[:, dl:dl + length, dm:dm + modules]
+                       for dl in range(length_kernel)
+                       for dm in range(module_kernel)], axis=-2)
+  return patches.reshape(patches.shape[:3] + (-1,))
+
+
+def _flat_kernel(w):
+  """A conv kernel [F, F', M, M] (or its shape) as a matrix [F * F' * M, M]."""
+  shape = (int(np.prod(w.shape[:-1])), w.shape[-1])
+  if isinstance(w, jax.ShapeDtypeStruct):
+    return jax.ShapeDtypeStruct(shape, w.dtype)
+  return jnp.reshape(w, shape)
+
+
+class KernelModuleConv(_KernelMixin, ModuleConv):
+  """ModuleConv (sparse QKV's convolutions, §3.2) whose predict-mode step,
+  with 'q8' storage, runs each convolution as one `tf_q8_matmul` over its
+  patches (`conv_patches`): integer dot products instead of XLA's float32
+  convolution. Other storages keep the float32 kernels and XLA's
+  convolution.
+
+  Weights (K_1, b_1, K_2, b_2, ...[, scales of K_1, K_2, ... with 'q8']),
+  each K_i stored as `pack_q8` of [F * F'_i * M, M].
+  """
+
+  def _convolve(self, image, i, length_pad):
+    kernel, bias = self.weights[2 * i:2 * i + 2]
+    if kernel.dtype != jnp.int8:  # A float kernel is 4-D too: not is_q8.
+      return super()._convolve(image, i, length_pad)
+    scale = self.weights[2 * len(self._module_kernel_sizes) + i]
+    patches = conv_patches(image, self._kernel_size,
+                           self._module_kernel_sizes[i], length_pad)
+    if self._ffi(int(np.prod(patches.shape[:-1]))):
+      return kernels.q8_matmul(patches, kernel, scale, None, bias)
+    return q8_product(patches, kernel, scale) + bias
+
+  def store(self, weights, storage, store_matrix=_store):
+    if storage != 'q8':
+      return weights
+    weights, scales = list(weights), []
+    for i in range(0, len(weights), 2):
+      weights[i], s = store_matrix(_flat_kernel(weights[i]), storage)
+      scales += list(s)
+    return tuple(weights) + tuple(scales)
+
+
 @gin.configurable(module='terraformer')
 def cache_attention_kernel(enabled=True):
   """Whether `install` gives predict-mode causal attention (sparse QKV's and
@@ -327,7 +390,8 @@ class KernelCausalDotProductAttention(_KernelCacheAttention,
 
 _KERNEL_CLASSES = {MultiplicativeDense: KernelMultiplicativeDense,
                    trax_core.Dense: KernelDense}
-_PREDICT_KERNEL_CLASSES = {SparseFF: KernelSparseFF}
+_PREDICT_KERNEL_CLASSES = {SparseFF: KernelSparseFF,
+                           ModuleConv: KernelModuleConv}
 _ATTENTION_KERNEL_CLASSES = {
     PrefixCausalAttention: KernelPrefixCausalAttention,
     CausalDotProductAttention: KernelCausalDotProductAttention}

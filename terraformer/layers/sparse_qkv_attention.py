@@ -66,15 +66,18 @@ class ModuleConv(tl.Layer):
       length_pad = (f - 1, 0)
     else:
       length_pad = ((f - 1) // 2, f // 2)
-    outputs = []
-    for i, fm in enumerate(self._module_kernel_sizes):
-      kernel, bias = self.weights[2 * i:2 * i + 2]
-      y = jax.lax.conv_general_dilated(
-          image, kernel, window_strides=(1, 1),
-          padding=(length_pad, ((fm - 1) // 2, fm // 2)),
-          dimension_numbers=('NHWC', 'HWIO', 'NHWC')) + bias
-      outputs.append(y.reshape(x.shape))
+    outputs = [self._convolve(image, i, length_pad).reshape(x.shape)
+               for i in range(len(self._module_kernel_sizes))]
     return outputs[0] if len(outputs) == 1 else tuple(outputs)
+
+  def _convolve(self, image, i, length_pad):
+    """Output i: image [B, L, S, M] -> [B, L', S, M]."""
+    fm = self._module_kernel_sizes[i]
+    kernel, bias = self.weights[2 * i:2 * i + 2]
+    return jax.lax.conv_general_dilated(
+        image, kernel, window_strides=(1, 1),
+        padding=(length_pad, ((fm - 1) // 2, fm // 2)),
+        dimension_numbers=('NHWC', 'HWIO', 'NHWC')) + bias
 
   def init_weights_and_state(self, input_signature):
     f, m = self._kernel_size, self._d_module

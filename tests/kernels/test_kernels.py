@@ -65,18 +65,40 @@ def test_skinny_matmul_equals_numpy(isa, request, name, dtype, t, s, k, n,
   np.testing.assert_allclose(np.asarray(got), expected, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize('parallel', [False, True], ids=['serial', 'split'])
 @pytest.mark.parametrize('name', kernels.ISA_NAMES)
-def test_sparse_ff_kernel_equals_xla_layer(isa, name):
+def test_sparse_ff_kernel_equals_xla_layer(isa, request, name, parallel):
+  """The sparse FF step (12 blocks of 8, in chunks of blocks that run on
+  one thread or split over the pool) equals the XLA layer; int8 rows equal
+  XLA on the dequantized rows, with the same bits serial or split."""
   _isa_or_skip(isa, name)
+  if parallel:
+    request.getfixturevalue('split_every_product')
   layer = SparseFF(96, n_elements_in_block=8, d_lowrank=4, mode='predict')
-  x = jax.random.normal(jax.random.PRNGKey(3), (1, 1, 40))
-  layer.init(shapes.signature(x), rng=jax.random.PRNGKey(4))
+  x = jax.random.normal(jax.random.PRNGKey(3), (1, 2, 40))
+  weights, state = layer.init(shapes.signature(x), rng=jax.random.PRNGKey(4))
   expected = layer(x)
   assert kernel_layers.install(layer) == 1
   assert isinstance(layer, kernel_layers.KernelSparseFF)
   got = layer(x)
   np.testing.assert_allclose(np.asarray(got), np.asarray(expected),
                              rtol=1e-5, atol=1e-5)
+  stored = kernel_layers.store_weights(layer, weights, 'int8')
+  outputs = {}
+  for use_ffi in (True, False):
+    layer._tf_use_ffi = use_ffi  # pylint: disable=protected-access
+    outputs[use_ffi] = np.asarray(layer.pure_fn(
+        x, stored, state, jax.random.PRNGKey(0))[0])
+  np.testing.assert_allclose(outputs[True], outputs[False], rtol=1e-5,
+                             atol=1e-5)
+  before = kernels.set_parallel_bytes(1 << 62)  # Never split: same bits.
+  try:
+    layer._tf_use_ffi = True  # pylint: disable=protected-access
+    serial = np.asarray(layer.pure_fn(x, stored, state,
+                                      jax.random.PRNGKey(0))[0])
+  finally:
+    kernels.set_parallel_bytes(before)
+  np.testing.assert_array_equal(outputs[True], serial)
 
 
 def _encdec():

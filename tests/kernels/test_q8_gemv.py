@@ -20,6 +20,7 @@ from terraformer.benchmarks import weight_factory
 from terraformer.decoding import step as decode_step
 from terraformer.kernels import layers as kernel_layers
 from terraformer.layers.multiplicative_dense import MultiplicativeDense
+from terraformer.layers.sparse_qkv_attention import ModuleConv
 
 BLOCK, ROWS = 32, 16  # Inputs per activation scale, outputs per group.
 
@@ -218,12 +219,14 @@ def _layer_case(layer, x):
 
 @pytest.mark.parametrize('make', [
     lambda: tl.Dense(37), lambda: tl.Dense(37, use_bias=False),
-    lambda: MultiplicativeDense(4, 21, use_bias=True)],
-                         ids=['dense', 'dense_no_bias', 'multiplicative'])
+    lambda: MultiplicativeDense(4, 21, use_bias=True),
+    lambda: ModuleConv(5, 14, 3, (3, 1), mode='predict')],
+                         ids=['dense', 'dense_no_bias', 'multiplicative',
+                              'module_conv'])
 def test_q8_kernel_layers(gemv_isa, make):
-  """tl.Dense and MultiplicativeDense with 'q8' weights call tf_q8_matmul;
-  XLA's path (`q8_product`) computes the same quantized product; both stay
-  within 8-bit rounding of the float32 layer."""
+  """tl.Dense, MultiplicativeDense and (predict-mode) ModuleConv with 'q8'
+  weights call tf_q8_matmul; XLA's path (`q8_product`) computes the same
+  quantized product; both stay within 8-bit rounding of the float32 layer."""
   gemv_isa(kernels.GEMV_ISA_NAMES[-1])
   x = jax.random.normal(jax.random.PRNGKey(5), (1, 2, 70))
   ffi, xla, f32, text = _layer_case(make(), x)
@@ -232,6 +235,26 @@ def test_q8_kernel_layers(gemv_isa, make):
   # Two 8-bit roundings per product: a few percent of the outputs' size.
   delta = np.abs(ffi - f32).max()
   assert 0 < delta < 0.03 * np.abs(f32).max()
+
+
+@pytest.mark.parametrize('length_pad', [(2, 0), (1, 1), (0, 0)])
+@pytest.mark.parametrize('module_kernel', [1, 2, 3])
+def test_conv_patches_times_the_flat_kernel_is_the_convolution(
+    length_pad, module_kernel):
+  """`conv_patches` and the kernel flattened to [F F' M, M]: one product
+  equal to XLA's convolution (ModuleConv's padding: zeros along modules,
+  `length_pad` along the length)."""
+  rng = np.random.default_rng(3)
+  image = rng.standard_normal((2, 5, 4, 6)).astype(np.float32)
+  kernel = rng.standard_normal((3, module_kernel, 6, 6)).astype(np.float32)
+  patches = kernel_layers.conv_patches(image, 3, module_kernel, length_pad)
+  got = np.asarray(patches) @ kernel.reshape(-1, 6)
+  expected = jax.lax.conv_general_dilated(
+      image, kernel, (1, 1),
+      (length_pad, ((module_kernel - 1) // 2, module_kernel // 2)),
+      dimension_numbers=('NHWC', 'HWIO', 'NHWC'))
+  assert got.shape == expected.shape == (2, 5 + sum(length_pad) - 2, 4, 6)
+  np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-5)
 
 
 def test_random_q8_weights_have_store_weights_structure(monkeypatch):
