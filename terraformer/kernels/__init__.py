@@ -129,7 +129,9 @@ def gemv_isa():
 def set_parallel_bytes(n_bytes=None):
   """Weight bytes from which a product is split over XLA's CPU thread pool
   (default 1 MiB; for 8 or more rows of x, as the multiplicative dense layer
-  of sparse QKV has, rows x float32 bytes of W; a huge value keeps every call
+  of sparse QKV has, rows x float32 bytes of W; also the bytes of a Q8
+  call's float activations, and of the W1ᵀ and W2 rows a sparse FF step
+  reads, from which those are split; a huge value keeps every call
   on one thread). None keeps it. Returns the value in use."""
   lib = _load()
   if lib is None:

@@ -580,35 +580,74 @@ TF_AVX2 void Q8BlockAvx2(const float* v, int8_t* q, float* d, int32_t* off) {
   *off = -128 * _mm_cvtsi128_si32(s);
 }
 
-// Rows (t, s) of x [T, K] times g [S, K], quantized into `a` (row t*S + s).
-void Q8Quantize(GemvIsa isa, const float* x, int64_t T, const float* g,
-                int64_t S, int64_t K, int64_t kp, Q8Act* a) {
+// v[i] = x[i] g[i] for a block of 32 (the activation row x g, before
+// quantization).
+void MulBlockScalar(const float* x, const float* g, float* v) {
+  for (int64_t i = 0; i < kQ8Block; ++i) v[i] = x[i] * g[i];
+}
+
+TF_VNNI void MulBlockAvx512(const float* x, const float* g, float* v) {
+  _mm512_store_ps(v, _mm512_mul_ps(_mm512_loadu_ps(x), _mm512_loadu_ps(g)));
+  _mm512_store_ps(v + 16, _mm512_mul_ps(_mm512_loadu_ps(x + 16),
+                                        _mm512_loadu_ps(g + 16)));
+}
+
+TF_AVX2 void MulBlockAvx2(const float* x, const float* g, float* v) {
+  for (int i = 0; i < 4; ++i) {
+    _mm256_store_ps(v + 8 * i, _mm256_mul_ps(_mm256_loadu_ps(x + 8 * i),
+                                             _mm256_loadu_ps(g + 8 * i)));
+  }
+}
+
+// Rows (t, s) of x [T, K] times g [S, K], quantized into `a` (row t*S + s);
+// rows split over `pool` (when given) from g_parallel_bytes of float
+// activations on (64 rows of sparse QKV's multiplicative layer at 17B: 2.4
+// MB, 0.61 -> 0.20 ms with the vector products, on 2 threads).
+void Q8Quantize(ffi::ThreadPool* pool, GemvIsa isa, const float* x, int64_t T,
+                const float* g, int64_t S, int64_t K, int64_t kp, Q8Act* a) {
   a->rows = T * S;
   a->kp = kp;
   a->nb = kp / kQ8Block;
   a->q.assign(a->rows * kp, 0);
   a->d.assign(a->rows * a->nb, 0.f);
   a->off.assign(a->rows * a->nb, 0);
-  alignas(64) float v[kQ8Block];
-  for (int64_t t = 0; t < T; ++t) {
-    for (int64_t s = 0; s < S; ++s) {
-      const int64_t r = t * S + s;
-      for (int64_t b = 0; b < a->nb; ++b) {
-        const int64_t k0 = b * kQ8Block;
-        const int64_t n = std::min(kQ8Block, K - k0);
-        for (int64_t i = 0; i < n; ++i) v[i] = x[t * K + k0 + i] * g[s * K + k0 + i];
-        for (int64_t i = n; i < kQ8Block; ++i) v[i] = 0.f;
-        int8_t* q = a->q.data() + r * kp + k0;
-        float* d = a->d.data() + r * a->nb + b;
-        int32_t* off = a->off.data() + r * a->nb + b;
+  auto quantize_row = [=](int64_t r) {
+    const int64_t t = r / S, s = r % S;
+    alignas(64) float v[kQ8Block];
+    for (int64_t b = 0; b < a->nb; ++b) {
+      const int64_t k0 = b * kQ8Block;
+      const int64_t n = std::min(kQ8Block, K - k0);
+      const float* xb = x + t * K + k0;
+      const float* gb = g + s * K + k0;
+      if (n == kQ8Block) {
         switch (isa) {
-          case GemvIsa::kAvx512Vnni: Q8BlockAvx512(v, q, d, off); break;
-          case GemvIsa::kAvx2: Q8BlockAvx2(v, q, d, off); break;
-          default: Q8BlockScalar(v, q, d, off);
+          case GemvIsa::kAvx512Vnni: MulBlockAvx512(xb, gb, v); break;
+          case GemvIsa::kAvx2: MulBlockAvx2(xb, gb, v); break;
+          default: MulBlockScalar(xb, gb, v);
         }
+      } else {
+        for (int64_t i = 0; i < n; ++i) v[i] = xb[i] * gb[i];
+        for (int64_t i = n; i < kQ8Block; ++i) v[i] = 0.f;
+      }
+      int8_t* q = a->q.data() + r * kp + k0;
+      float* d = a->d.data() + r * a->nb + b;
+      int32_t* off = a->off.data() + r * a->nb + b;
+      switch (isa) {
+        case GemvIsa::kAvx512Vnni: Q8BlockAvx512(v, q, d, off); break;
+        case GemvIsa::kAvx2: Q8BlockAvx2(v, q, d, off); break;
+        default: Q8BlockScalar(v, q, d, off);
       }
     }
-  }
+  };
+  const bool parallel =
+      pool != nullptr && a->rows > 1 &&
+      a->rows * kp * static_cast<int64_t>(sizeof(float)) >= g_parallel_bytes.load();
+  const int64_t chunks =
+      parallel ? std::min<int64_t>(a->rows, 2 * pool->num_threads()) : 1;
+  ParallelFor(parallel ? pool : nullptr, chunks, [&](int64_t c) {
+    for (int64_t r = c * a->rows / chunks; r < (c + 1) * a->rows / chunks; ++r)
+      quantize_row(r);
+  });
 }
 
 // Where one product writes: y row r at y + r * N, its bias (or none) at
@@ -788,7 +827,7 @@ void Q8Matmul(ffi::ThreadPool* pool, const float* x, int64_t T,
               int64_t n_groups, int64_t kp, const Q8Out& o) {
   const GemvIsa isa = CurrentGemvIsa();
   Q8Act a;
-  Q8Quantize(isa, x, T, g, S, K, kp, &a);
+  Q8Quantize(pool, isa, x, T, g, S, K, kp, &a);
   // Multiply-adds: bytes of P times rows.
   const bool parallel =
       pool != nullptr && a.rows * n_groups * kQ8Rows * kp >= g_parallel_bytes.load();

@@ -84,7 +84,8 @@ def _block_sums(q, d, w):
 
 # (T, S, K, N): K and N not multiples of 32 / 16 (tails of a block and of a
 # group), one block (K < 32), one group (N = 16), 13 rows (AVX-512: a pass of
-# 8 and one of 5; AVX2: six passes of 2 and one of 1).
+# 8 and one of 5; AVX2: six passes of 2 and one of 1). 'split': rows are
+# also quantized in chunks over the pool.
 SHAPES = [(1, 1, 37, 21), (1, 1, 300, 33), (2, 3, 45, 16), (1, 13, 70, 5),
           (3, 1, 20, 50)]
 
