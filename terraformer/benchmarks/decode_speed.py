@@ -33,23 +33,42 @@ from terraformer.decoding import step as decode_step
 # Memory bandwidth.
 
 
-def gemv_bandwidth(megabytes=256, repeats=10):
-  """GB/s of a jitted float32 GEMV over a `megabytes` matrix (median, max)."""
-  cols = 1024
-  rows = megabytes * 2**20 // (4 * cols)
-  matrix = jnp.asarray(np.random.default_rng(0).standard_normal(
-      (rows, cols), dtype=np.float32))
-  vector = jnp.ones((cols,), jnp.float32)
-  gemv = jax.jit(jnp.dot)
-  gemv(matrix, vector).block_until_ready()
+def _read_rate(fn, args, size, repeats):
+  """(median, best) GB/s of `fn(*args)` reading `size` bytes."""
+  fn(*args).block_until_ready()
   times = []
   for _ in range(repeats):
     start = time.perf_counter()
-    gemv(matrix, vector).block_until_ready()
+    fn(*args).block_until_ready()
     times.append(time.perf_counter() - start)
-  size = matrix.size * 4
-  del matrix
   return size / np.median(times) / 1e9, size / min(times) / 1e9
+
+
+def gemv_bandwidth(megabytes=256, repeats=10):
+  """GB/s (median, best) of the faster of two one-row products over a
+  `megabytes` matrix: XLA's jitted float32 GEMV and, when the kernels are
+  built, the Q8 GEMV kernel over int8 weights (`kernels.q8_matmul`; a
+  dense Q8 17B step read faster than XLA's GEMV did on the same day, so
+  that one alone set bounds below what a step reached)."""
+  cols = 1024
+  rows = megabytes * 2**20 // (4 * cols)
+  rng = np.random.default_rng(0)
+  matrix = jnp.asarray(rng.standard_normal((rows, cols), dtype=np.float32))
+  rates = [_read_rate(jax.jit(jnp.dot),
+                      (matrix, jnp.ones((cols,), jnp.float32)),
+                      matrix.size * 4, repeats)]
+  del matrix
+  if kernel_lib.available():
+    k, n = 4096, megabytes * 2**20 // 4096
+    groups = -(-n // 16)
+    packed = jnp.asarray(rng.integers(-127, 128, (groups, k // 4, 16, 4),
+                                      dtype=np.int8))
+    rates.append(_read_rate(
+        jax.jit(kernel_lib.q8_matmul),
+        (jnp.ones((1, k), jnp.float32), packed,
+         jnp.ones((groups * 16,), jnp.float32)), packed.size, repeats))
+    del packed
+  return max(rates)
 
 
 # ---------------------------------------------------------------------------

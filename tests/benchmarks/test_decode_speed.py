@@ -5,12 +5,14 @@ import functools
 import numpy as np
 import pytest
 import jax
+import jax.numpy as jnp
 from trax import shapes
 from trax.models.research import configurable_transformer as ct
 
 from terraformer.benchmarks import decode_speed
 from terraformer.decoding import step as decode_step
 from terraformer import errors
+from terraformer import kernels as kernel_lib
 
 from bench_models import (  # tests/bench_models.py
     D, D_FF, HEADS, MAX_LEN, N, SPARSE, V, encdec, lm, random_tokens)
@@ -108,6 +110,22 @@ def test_benchmark_fields_are_consistent():
 def test_gemv_bandwidth_is_positive():
   median, best = decode_speed.gemv_bandwidth(megabytes=8, repeats=3)
   assert 0 < median <= best
+
+
+def test_gemv_bandwidth_is_the_faster_reader_of_the_same_bytes(monkeypatch):
+  """XLA's float32 GEMV and the Q8 kernel each read `megabytes`; the
+  probe keeps the faster one (by median)."""
+  assert kernel_lib.available(), kernel_lib.unavailable_reason()
+  calls = []
+
+  def rate(fn, args, size, repeats):
+    calls.append((size, args[1].dtype, repeats))
+    fn(*args).block_until_ready()  # Both readers run.
+    return [(20.0, 21.0), (30.0, 40.0)][len(calls) - 1]
+
+  monkeypatch.setattr(decode_speed, '_read_rate', rate)
+  assert decode_speed.gemv_bandwidth(megabytes=8, repeats=2) == (30.0, 40.0)
+  assert calls == [(8 * 2**20, jnp.float32, 2), (8 * 2**20, jnp.int8, 2)]
 
 
 CPUINFO = ('processor\t: 0\nvendor_id\t: GenuineIntel\n'
