@@ -57,11 +57,13 @@ def _leaf_layer_bytes(layer, weights, state, position, n_tokens,
   if isinstance(layer, SparseFF):
     # Controller (C1, C2, c), b2; one row of W1ᵀ and W2 per block per token
     # (SparseFF._forward_selected_rows).
-    c1, c2, c, w1t, w2, b2 = weights[:6]
+    c1, c2, c, w1t, w2, b2, *rest = weights
     rows = n_tokens * layer.n_blocks
-    # int8 storage (terraformer/kernels): one scale per selected row too.
-    scales = sum(_row_bytes(s, rows) for s in weights[6:])
-    return (nbytes((c1, c2, c, b2)) + _row_bytes(w1t, rows)
+    # 'q8' storage (terraformer/kernels): C2 packed, its scales last, all
+    # read; int8 and 'q8': one scale per selected row of W1ᵀ and W2 too.
+    c2_scale = (rest.pop(),) if len(c2.shape) == 4 else ()
+    scales = sum(_row_bytes(s, rows) for s in rest)
+    return (nbytes((c1, c2, c, b2) + c2_scale) + _row_bytes(w1t, rows)
             + _row_bytes(w2, rows) + scales)
   if isinstance(layer, CrossAttention):
     # Its state is the encoder's keys and values split into heads: the

@@ -164,15 +164,24 @@ def skinny_matmul(x, w, g=None, scale=None, bias=None):
   return jax.ffi.ffi_call('tf_skinny_matmul', out)(_f32(x), g, scale, w, bias)
 
 
-def sparse_ff(x, c1, c2, c, w1t, w2, b2, block, s1=None, s2=None):
-  """The predict-mode sparse FF block (paper §3.1) of tokens x [..., d]."""
+def sparse_ff(x, c1, c2, c, w1t, w2, b2, block, s1=None, s2=None,
+              c2_scale=None):
+  """The predict-mode sparse FF block (paper §3.1) of tokens x [..., d].
+
+  C2 is float32 [r, F], or, with `c2_scale` [F], packed by
+  `layers.pack_q8` (the controller's (x C1) C2 is then the Q8 product).
+  """
   _require()
   ones = jnp.ones((w1t.shape[0],), jnp.float32)
   s1 = ones if s1 is None else _f32(s1)
   s2 = ones if s2 is None else _f32(s2)
+  if c2_scale is None:
+    c2, c2_scale = _f32(c2), jnp.ones((1,), jnp.float32)
+  else:
+    c2, c2_scale = jnp.asarray(c2, jnp.int8), _f32(c2_scale)
   out = jax.ShapeDtypeStruct(x.shape, jnp.float32)
   return jax.ffi.ffi_call('tf_sparse_ff', out)(
-      _f32(x), _f32(c1), _f32(c2), _f32(c), w1t, w2, _f32(b2), s1, s2,
+      _f32(x), _f32(c1), c2, c2_scale, _f32(c), w1t, w2, _f32(b2), s1, s2,
       block=int(block))
 
 

@@ -903,17 +903,35 @@ ffi::Error SkinnyMatmulImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x,
 // pool takes evenly.
 constexpr int64_t kFFChunks = 4;
 
-// x [T, d], C1 [d, r], C2 [r, F], c [F], W1ᵀ [F, d], W2 [F, d], b2 [d],
-// s1 [F] and s2 [F] (row scales; ones for float weights) -> y [T, d].
+// x [T, d], C1 [d, r], C2 [r, F] float32 or packed for the Q8 GEMV
+// ([ceil(F / 16), r' / 4, 16, 4] int8, r' = r rounded up to 32, with its output
+// scales c2_scale [F]; [1] for float C2), c [F], W1ᵀ [F, d], W2 [F, d],
+// b2 [d], s1 [F] and s2 [F] (row scales; ones for float weights) -> y [T, d].
 ffi::Error SparseFFImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x,
-                        ffi::Buffer<ffi::F32> c1, ffi::Buffer<ffi::F32> c2,
+                        ffi::Buffer<ffi::F32> c1, ffi::AnyBuffer c2,
+                        ffi::Buffer<ffi::F32> c2_scale,
                         ffi::Buffer<ffi::F32> cb, ffi::AnyBuffer w1t,
                         ffi::AnyBuffer w2, ffi::Buffer<ffi::F32> b2,
                         ffi::Buffer<ffi::F32> s1, ffi::Buffer<ffi::F32> s2,
                         ffi::ResultBuffer<ffi::F32> y, int64_t block) {
   const int64_t d = c1.dimensions()[0], r = c1.dimensions()[1];
-  const int64_t F = c2.dimensions()[1];
+  const bool q8_controller = c2.element_type() == ffi::DataType::S8;
+  const int64_t F = q8_controller
+                        ? static_cast<int64_t>(c2_scale.element_count())
+                        : c2.dimensions()[1];
   const int64_t T = x.element_count() / d;
+  if (q8_controller) {
+    auto cd = c2.dimensions();
+    if (cd.size() != 4 || cd[0] != (F + kQ8Rows - 1) / kQ8Rows || cd[2] != kQ8Rows ||
+        cd[3] != 4 || cd[1] * 4 != (r + kQ8Block - 1) / kQ8Block * kQ8Block) {
+      return ffi::Error(ffi::ErrorCode::kInvalidArgument,
+                        "tf_sparse_ff: an int8 C2 must be packed for the Q8 "
+                        "GEMV as [ceil(F / 16), r' / 4, 16, 4] with F scales");
+    }
+  } else if (c2.element_type() != ffi::DataType::F32) {
+    return ffi::Error(ffi::ErrorCode::kInvalidArgument,
+                      "tf_sparse_ff: C2 must be f32 or packed s8");
+  }
   if (w1t.element_type() != w2.element_type()) {
     return ffi::Error(ffi::ErrorCode::kInvalidArgument,
                       "tf_sparse_ff: W1ᵀ and W2 differ in type");
@@ -929,7 +947,17 @@ ffi::Error SparseFFImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x,
   Isa isa = CurrentIsa();
   // Controller: (x C1) C2 + c, never the d x F product C1 C2.
   Matmul<float>(nullptr, xp, T, d, c1.typed_data(), r, low.data(), r);
-  Matmul<float>(&pool, low.data(), T, r, c2.typed_data(), F, logits.data(), F);
+  if (q8_controller) {
+    const std::vector<float> ones(r, 1.f);
+    Q8Out o{c2_scale.typed_data(), nullptr, 1, F, logits.data()};
+    Q8Matmul(&pool, low.data(), T, ones.data(), 1, r,
+             static_cast<const int8_t*>(c2.untyped_data()), c2.dimensions()[0],
+             c2.dimensions()[1] * 4, o);
+  } else {
+    Matmul<float>(&pool, low.data(), T, r,
+                  static_cast<const float*>(c2.untyped_data()), F,
+                  logits.data(), F);
+  }
   const float* cbp = cb.typed_data();
   const float* s1p = s1.typed_data();
   const float* s2p = s2.typed_data();
@@ -1112,6 +1140,7 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(tf_sparse_ff, SparseFFImpl,
                                   .Ctx<ffi::ThreadPool>()
                                   .Arg<ffi::Buffer<ffi::F32>>()
                                   .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Arg<ffi::AnyBuffer>()
                                   .Arg<ffi::Buffer<ffi::F32>>()
                                   .Arg<ffi::Buffer<ffi::F32>>()
                                   .Arg<ffi::AnyBuffer>()

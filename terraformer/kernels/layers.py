@@ -26,9 +26,9 @@ bucket path when False.
 matrices (W1ᵀ and W2 of SparseFF, E of MultiplicativeDense, W of Dense) to
 bfloat16, or to int8 with one float32 scale per row (appended after the
 layer's own weights: scaled rows of W1ᵀ/W2 are units, rows of E and W are
-input features, whose scales fold into the input). Controllers, biases,
-embeddings and attention caches stay float32, and so do ModuleConv's
-kernels except in 'q8'. `map_leaf_layers` is the walk
+input features, whose scales fold into the input). Controllers (but
+SparseFF's C2 in 'q8'), biases, embeddings and attention caches stay
+float32, and so do ModuleConv's kernels except in 'q8'. `map_leaf_layers` is the walk
 over a model's layers and weights that both this and the benchmark's random
 weights (`terraformer.benchmarks.weight_factory`) use.
 
@@ -39,7 +39,8 @@ output, appended like int8's), and each call quantizes its input rows to
 int8 per block of 32 (`quantize_activations`), the products being integer
 dot products; ModuleConv's kernels [F, F', M, M] are packed as [F F' M, M]
 and each convolution of a step is that product over its patches. SparseFF,
-whose step reads single rows, stores W1ᵀ and W2 as 'int8'.
+whose step reads single rows, stores W1ᵀ and W2 as 'int8' and packs its
+controller's C2 (the product (x C1) C2).
 
 Each layer calls its kernel when `use_ffi` and the library is loaded
 (`terraformer.kernels.available()`) and the step has at most MAX_FFI_ROWS
@@ -175,19 +176,35 @@ class _KernelMixin:
 class KernelSparseFF(_KernelMixin, SparseFF):
   """SparseFF whose predict-mode step is one `tf_sparse_ff` call.
 
-  Weights (C1, C2, c, W1ᵀ, W2, b2[, s1, s2]): int8 storage appends the row
-  scales of W1ᵀ and W2 ('q8' stores them as 'int8').
+  Weights (C1, C2, c, W1ᵀ, W2, b2[, s1, s2][, C2's scales]): int8 storage
+  appends the row scales of W1ᵀ and W2; 'q8' stores W1ᵀ and W2 as 'int8'
+  and packs the controller's C2 [r, F] for the Q8 GEMV (`pack_q8`, its F
+  output scales last): at d_ff 73728 and r 64 C2 is 18.9 MB in float32,
+  about as many bytes as the rows of W1ᵀ and W2 that a step reads.
   """
 
+  def _split(self):
+    c1, c2, c, w1t, w2, b2, *rest = self.weights
+    c2_scale = rest.pop() if is_q8(c2) else None
+    s1, s2 = rest if rest else (None, None)
+    return (c1, c2, c, w1t, w2, b2), (s1, s2), c2_scale
+
+  def controller_logits(self, x):
+    c1, c2, bias = self.weights[:3]
+    if not is_q8(c2):
+      return super().controller_logits(x)
+    logits = q8_product(jnp.dot(x, c1), c2, self.weights[-1]) + bias
+    return logits.reshape(x.shape[:-1] + (self.n_blocks, self._n_block))
+
   def _forward_selected_rows(self, x):
-    c1, c2, c, w1t, w2, b2 = self.weights[:6]
-    s1, s2 = (self.weights[6:8] if len(self.weights) == 8 else (None, None))
+    (c1, c2, c, w1t, w2, b2), (s1, s2), c2_scale = self._split()
     tokens = int(np.prod(x.shape[:-1]))
     if self._ffi(tokens):
       return kernels.sparse_ff(x, c1, c2, c, w1t, w2, b2, self._n_block,
-                               s1, s2).astype(x.dtype)
+                               s1, s2, c2_scale).astype(x.dtype)
     saved = self.weights
-    self.weights = (c1, c2, c, _load(w1t, s1), _load(w2, s2), b2)
+    self.weights = (c1, c2, c, _load(w1t, s1), _load(w2, s2), b2) + (
+        () if c2_scale is None else (c2_scale,))
     try:
       return super()._forward_selected_rows(x)
     finally:
@@ -195,12 +212,16 @@ class KernelSparseFF(_KernelMixin, SparseFF):
 
   def store(self, weights, storage, store_matrix=_store):
     # The step reads single rows of W1ᵀ and W2 (float dot products and
-    # axpys), not the dense products that 'q8' packs.
-    storage = 'int8' if storage == 'q8' else storage
+    # axpys), not the dense products that 'q8' packs; the controller's
+    # (x C1) C2 is one.
     c1, c2, c, w1t, w2, b2 = weights
+    c2_scale = ()
+    if storage == 'q8':
+      c2, c2_scale = store_matrix(c2, 'q8')
+      storage = 'int8'
     w1t, s1 = store_matrix(w1t, storage)
     w2, s2 = store_matrix(w2, storage)
-    return (c1, c2, c, w1t, w2, b2) + s1 + s2
+    return (c1, c2, c, w1t, w2, b2) + s1 + s2 + c2_scale
 
 
 class KernelMultiplicativeDense(_KernelMixin, MultiplicativeDense):

@@ -169,7 +169,7 @@ class SparseFF(tl.Layer):
 
   def _forward_selected_rows(self, x):
     """Decoding: read only the selected row of W1ᵀ and W2 in every block."""
-    w1t, w2, b2 = self.weights[3:]
+    w1t, w2, b2 = self.weights[3:6]
     tokens = x.reshape((-1, x.shape[-1]))                    # [T, d]
     selected = _first_argmax(self.controller_logits(tokens))  # [T, blocks]
     rows = (selected + jnp.arange(self.n_blocks) * self._n_block).reshape(-1)

@@ -67,10 +67,14 @@ def test_skinny_matmul_equals_numpy(isa, request, name, dtype, t, s, k, n,
 
 @pytest.mark.parametrize('parallel', [False, True], ids=['serial', 'split'])
 @pytest.mark.parametrize('name', kernels.ISA_NAMES)
-def test_sparse_ff_kernel_equals_xla_layer(isa, request, name, parallel):
+@pytest.mark.parametrize('storage', ['int8', 'q8'])
+def test_sparse_ff_kernel_equals_xla_layer(isa, request, name, parallel,
+                                           storage):
   """The sparse FF step (12 blocks of 8, in chunks of blocks that run on
   one thread or split over the pool) equals the XLA layer; int8 rows equal
-  XLA on the dequantized rows, with the same bits serial or split."""
+  XLA on the dequantized rows ('q8': and the controller's C2 packed, its
+  product quantized as `q8_product` does), with the same bits serial or
+  split."""
   _isa_or_skip(isa, name)
   if parallel:
     request.getfixturevalue('split_every_product')
@@ -83,7 +87,8 @@ def test_sparse_ff_kernel_equals_xla_layer(isa, request, name, parallel):
   got = layer(x)
   np.testing.assert_allclose(np.asarray(got), np.asarray(expected),
                              rtol=1e-5, atol=1e-5)
-  stored = kernel_layers.store_weights(layer, weights, 'int8')
+  stored = kernel_layers.store_weights(layer, weights, storage)
+  assert kernel_layers.is_q8(stored[1]) == (storage == 'q8')
   outputs = {}
   for use_ffi in (True, False):
     layer._tf_use_ffi = use_ffi  # pylint: disable=protected-access
