@@ -176,6 +176,22 @@ def self_times(events):
   return own
 
 
+def busy_ns(events, spans):
+  """Nanoseconds of `spans` [(start, end)] during which at least one of
+  `events` (operation events, any thread) runs: the rest of a span is time
+  between operations (dispatch, waits), when no operation of the step runs."""
+  intervals = sorted((e[4], e[4] + e[5]) for e in events)
+  total = 0
+  for a, b in spans:
+    covered_to = a
+    for start, end in intervals:
+      start, end = max(start, covered_to), min(end, b)
+      if end > start:
+        total += end - start
+        covered_to = end
+  return total
+
+
 def kind(op):
   """'ffi_call.13' -> 'ffi_call'; 'wrapped_slice.1' -> 'wrapped_slice';
   XLA's loop fusions ('add_rsqrt_fusion.2') -> 'fusion'; XNNPACK's
@@ -211,13 +227,17 @@ def summarize(trace_dir, module, steps, window, hlo_text=None, top=10):
   module: the HLO module name of the step ('jit_' + the jitted function's
   name); steps: the steps run inside the `window` annotation (the timed
   ones). Returns a dict: steps, ops_per_step, ms_per_step (self time, all
-  threads), by_kind [(kind, ms/step, ops/step)] and slowest [(op, ms/step,
-  HLO line)].
+  threads), wall_ms_per_step (the window's length), busy_ms_per_step (the
+  part of it in which an operation of the step runs on some thread),
+  by_kind [(kind, ms/step, ops/step)] and slowest [(op, ms/step, HLO
+  line)].
   """
   events, marks = operation_events(trace_file(trace_dir), window)
   if window not in marks:
     raise ValueError(f'the trace has no {window!r} annotation')
   own = self_times(events)
+  spans = marks[window]
+  step_events = [e for e in events if e[3] == module]
   per_op, count = collections.Counter(), collections.Counter()
   for e, t in zip(events, own):
     if e[3] == module:
@@ -235,6 +255,8 @@ def summarize(trace_dir, module, steps, window, hlo_text=None, top=10):
       'steps': steps,
       'ops_per_step': sum(count.values()) / steps,
       'ms_per_step': ms(sum(per_op.values())),
+      'wall_ms_per_step': ms(sum(b - a for a, b in spans)),
+      'busy_ms_per_step': ms(busy_ns(step_events, spans)),
       'by_kind': [(k, ms(t), kind_ops[k] / steps)
                   for k, t in kinds.most_common()],
       'slowest': [(op, ms(t), described.get(op, ''))

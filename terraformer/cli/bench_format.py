@@ -285,7 +285,9 @@ def format_profile(name, summary, kinds=8):
   s = summary
   lines = [f'{name}: {s["steps"]} steps, {s["ops_per_step"]:.0f} XLA '
            f'operations and {s["ms_per_step"]:.2f} ms of operation time per '
-           'step (self time, all threads)']
+           'step (self time, all threads); wall '
+           f'{s["wall_ms_per_step"]:.2f} ms per step, an operation running '
+           f'in {s["busy_ms_per_step"]:.2f} of them']
   lines.append('  by kind: ' + ', '.join(
       f'{k} {t:.2f} ms ({n:.0f})' for k, t, n in s['by_kind'][:kinds]))
   lines.append('  slowest (ms/step):')

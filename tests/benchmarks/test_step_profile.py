@@ -22,6 +22,21 @@ def test_self_time_subtracts_nested_operations_of_the_same_thread_only():
   assert step_profile.self_times(events) == [50, 30, 20, 5, 50]
 
 
+def test_busy_time_is_the_union_of_operations_inside_the_spans():
+  events = [
+      ('t0', 'a', 7, 'm', 0, 30),     # 10..30 inside the first span
+      ('t1', 'b', 7, 'm', 20, 20),    # overlaps a on another thread: 30..40
+      ('t0', 'c', 7, 'm', 60, 10),    # a gap of 20 before it
+      ('t0', 'd', 7, 'm', 95, 10),    # crosses the span's end: 95..100
+      ('t0', 'e', 7, 'm', 150, 10),   # between the spans
+      ('t0', 'f', 7, 'm', 200, 10),   # inside the second span
+  ]
+  assert step_profile.busy_ns(events, [(10, 100), (195, 215)]) == (
+      30 + 10 + 5 + 10)
+  assert step_profile.busy_ns(events, [(100, 150)]) == 5  # d's end
+  assert step_profile.busy_ns(events, [(105, 150)]) == 0
+
+
 def test_kind_drops_instance_numbers():
   assert step_profile.kind('ffi_call.13') == 'ffi_call'
   assert step_profile.kind('cond.20.clone') == 'cond'

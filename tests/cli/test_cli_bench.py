@@ -372,6 +372,11 @@ def test_profile_dir_writes_a_trace_per_model(tmp_path, capsys):
   # the slowest ones, each found in the compiled step's HLO.
   assert 'dense: 2 steps, ' in out
   lines = out.splitlines()
+  # The steps' wall time, and the part of it in which an operation runs.
+  wall, busy = map(float, re.search(
+      r'wall ([\d.]+) ms per step, an operation running in ([\d.]+) of them',
+      out).groups())
+  assert 0 < busy <= wall
   by_kind = next(l for l in lines if l.startswith('  by kind: '))
   assert 'fusion' in by_kind
   slowest = lines[lines.index('  slowest (ms/step):') + 1:]
