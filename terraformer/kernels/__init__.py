@@ -185,21 +185,26 @@ def sparse_ff(x, c1, c2, c, w1t, w2, b2, block, s1=None, s2=None,
       block=int(block))
 
 
-def q8_matmul(x, packed, scale, g=None, bias=None):
+def q8_matmul(x, packed, scale, g=None, bias=None, g_scale=None):
   """[..., K] -> [..., S * N]: y[s*N + n] = scale[n] sum_k Q(x g[s])[k] W[k, n].
 
   `packed`, `scale`: W [K, N] as `layers.pack_q8` stores it (int8, output-
   major, one scale per output). Each row x g[s] is quantized to int8 once
   per call, per block of 32 inputs (Q); the sums are integer dot products.
-  `g` [S, K] (default ones [1, K]); `bias` [S * N].
+  `g` [S, K] (default ones [1, K]), float or int8 with one scale per row
+  (`g_scale` [S]: g[s] stands for g_scale[s] g[s]); `bias` [S * N].
   """
   _require()
   k, n = x.shape[-1], scale.shape[0]
-  g = jnp.ones((1, k), jnp.float32) if g is None else _f32(g)
+  g = jnp.ones((1, k), jnp.float32) if g is None else g
+  if g.dtype == jnp.int8:
+    g_scale = _f32(g_scale)
+  else:
+    g, g_scale = _f32(g), jnp.ones((1,), jnp.float32)
   bias = jnp.zeros((1,), jnp.float32) if bias is None else _f32(bias)
   out = jax.ShapeDtypeStruct(x.shape[:-1] + (g.shape[0] * n,), jnp.float32)
   return jax.ffi.ffi_call('tf_q8_matmul', out)(
-      _f32(x), g, jnp.asarray(packed, jnp.int8), _f32(scale), bias)
+      _f32(x), g, g_scale, jnp.asarray(packed, jnp.int8), _f32(scale), bias)
 
 
 def cache_attention(q, keys, values, idx, valid=None):

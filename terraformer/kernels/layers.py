@@ -228,7 +228,10 @@ class KernelMultiplicativeDense(_KernelMixin, MultiplicativeDense):
   """MultiplicativeDense as one `tf_skinny_matmul` call per step
   (`tf_q8_matmul` with 'q8' storage).
 
-  Weights (D, E[, b][, scales of E's rows, or of its columns with 'q8']).
+  Weights (D, E[, b][, scales of E's rows, or of its columns with 'q8']
+  [, scales of D's rows]): 'q8' also stores D [S, d] in int8, one scale per
+  row (the kernel quantizes the rows x D[s] anyway): at 17B D is 2.4 MB in
+  float32, about twice the packed E's bytes.
   """
 
   def _split(self):
@@ -237,14 +240,16 @@ class KernelMultiplicativeDense(_KernelMixin, MultiplicativeDense):
     d, e = w[0], w[1]
     bias = w[2] if self._use_bias else None
     scale = w[n] if len(w) > n else None
-    return d, e, bias, scale
+    d_scale = w[n + 1] if len(w) > n + 1 else None
+    return d, e, bias, scale, d_scale
 
   def forward(self, x):
-    d, e, bias, scale = self._split()
+    d, e, bias, scale, d_scale = self._split()
     rows = int(np.prod(x.shape[:-1])) * self._n_modules
     if is_q8(e):
       if self._ffi(rows):
-        return kernels.q8_matmul(x, e, scale, d, bias).astype(x.dtype)
+        return kernels.q8_matmul(x, e, scale, d, bias, d_scale).astype(x.dtype)
+      d = _load(d, d_scale)
       y = q8_product(x[..., None, :] * d, e, scale)  # [..., S, M]
       y = y.reshape(x.shape[:-1] + (self._n_modules * self._d_module,))
       return (y if bias is None else y + bias).astype(x.dtype)
@@ -259,7 +264,10 @@ class KernelMultiplicativeDense(_KernelMixin, MultiplicativeDense):
 
   def store(self, weights, storage, store_matrix=_store):
     e, s = store_matrix(weights[1], storage)
-    return (weights[0], e) + tuple(weights[2:]) + s
+    d, d_scale = weights[0], ()
+    if storage == 'q8':
+      d, d_scale = store_matrix(d, 'int8')
+    return (d, e) + tuple(weights[2:]) + s + d_scale
 
 
 class KernelDense(_KernelMixin, trax_core.Dense):

@@ -134,19 +134,23 @@ def test_decode_with_kernels_equals_xla(build):
   assert len(set(tokens)) > 1  # A decode that moves, not one token.
 
 
-# Logits here span about +-2: 0.05 is 2.5% of that. 'q8' rounds each dense
-# layer's input to 8 bits as well as its weights (two roundings of at most
-# 1/254 of a block's largest value per product instead of one): a few times
-# int8's error, within the same bound.
+# Logits here span about +-2: 0.05 is 2.5% of that, the bound at a typical
+# position. 'q8' rounds each dense layer's input to 8 bits as well as its
+# weights (two roundings of at most 1/254 of a block's largest value per
+# product instead of one), and also the sparse FF controller's C2 and the
+# multiplicative layers' D, whose argmaxes (a sparse FF block's row) can
+# flip at a near tie: the position where one flips moves by up to ~10% of
+# the logits' span (0.22 here), the others stay within 0.05.
 @pytest.mark.parametrize('storage,tolerance', [('bfloat16', 0.05),
-                                               ('int8', 0.05), ('q8', 0.05)])
+                                               ('int8', 0.05), ('q8', 0.3)])
 def test_weight_storage(storage, tolerance):
   _require_kernels()
   logits, tokens, _ = greedy(_encdec, ('xla', 'float32'))
   k_logits, k_tokens, _ = greedy(_encdec, ('ffi', storage))
   x_logits, _, _ = greedy(_encdec, ('xla', storage))
-  delta = np.abs(k_logits - logits).max()
-  assert 0 < delta < tolerance  # Rounded weights: close, not equal.
+  per_position = np.abs(k_logits - logits).max(axis=-1)
+  assert 0 < per_position.max() < tolerance  # Rounded: close, not equal.
+  assert np.median(per_position) < 0.05
   assert k_tokens == tokens
   # The kernels read the stored weights as XLA's dequantized path does
   # ('q8': XLA quantizes the activations the same way, `q8_product`).

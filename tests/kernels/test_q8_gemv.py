@@ -90,14 +90,16 @@ SHAPES = [(1, 1, 37, 21), (1, 1, 300, 33), (2, 3, 45, 16), (1, 13, 70, 5),
           (3, 1, 20, 50)]
 
 
+@pytest.mark.parametrize('g_storage', ['float32', 'int8'])
 @pytest.mark.parametrize('parallel', [False, True], ids=['serial', 'split'])
 @pytest.mark.parametrize('t,s,k,n', SHAPES)
 @pytest.mark.parametrize('name', kernels.GEMV_ISA_NAMES)
 def test_q8_matmul_is_the_exact_integer_product(gemv_isa, request, name, t,
-                                                s, k, n, parallel):
+                                                s, k, n, parallel, g_storage):
   """Inputs whose every block holds +-127 * 2^e (so d_b = 2^e and the
   quantized activations are the chosen integers) and power-of-two weight
-  scales: every float step is exact, so y equals the int64 product."""
+  scales: every float step is exact, so y equals the int64 product. An int8
+  g (+-1 rows, scales 2^e) gives the same y as the float g it stands for."""
   gemv_isa(name)
   if parallel:
     request.getfixturevalue('split_every_product')
@@ -127,7 +129,10 @@ def test_q8_matmul_is_the_exact_integer_product(gemv_isa, request, name, t,
   assert np.abs(terms).sum(1).max() * max(1, w_scale.max()) < 2 ** 21
   expected = (terms.sum(1) * w_scale).reshape(t, s * n) + bias
 
-  got = jax.jit(kernels.q8_matmul)(x, _pack(w), w_scale, g, bias)
+  g_scale = None
+  if g_storage == 'int8':
+    g, g_scale = g_sign.astype(np.int8), (2.0 ** g_exp).astype(np.float32)
+  got = jax.jit(kernels.q8_matmul)(x, _pack(w), w_scale, g, bias, g_scale)
   np.testing.assert_array_equal(np.asarray(got), expected.astype(np.float32))
 
 
@@ -230,8 +235,12 @@ def test_q8_kernel_layers(gemv_isa, make):
   quantized product; both stay within 8-bit rounding of the float32 layer."""
   gemv_isa(kernels.GEMV_ISA_NAMES[-1])
   x = jax.random.normal(jax.random.PRNGKey(5), (1, 2, 70))
-  ffi, xla, f32, text = _layer_case(make(), x)
+  layer = make()
+  ffi, xla, f32, text = _layer_case(layer, x)
   assert 'tf_q8_matmul' in text and 'tf_skinny_matmul' not in text
+  if isinstance(layer, MultiplicativeDense):  # D [S, d] in int8 too.
+    stored = kernel_layers.store_weights(layer, layer.weights, 'q8')
+    assert stored[0].dtype == jnp.int8 and stored[-1].shape == (4,)
   np.testing.assert_allclose(ffi, xla, rtol=1e-5, atol=1e-5)
   # Two 8-bit roundings per product: a few percent of the outputs' size.
   delta = np.abs(ffi - f32).max()
