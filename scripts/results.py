@@ -368,6 +368,24 @@ def write_results(path, data):
   os.replace(tmp, path)
 
 
+def header_cost(root, name):
+  """The "Cost: ... ." sentence of experiments/<name>.sh's header comment
+  (its lines joined), or 'unknown' without a script or a sentence."""
+  path = os.path.join(root, 'experiments', f'{name}.sh')
+  if not os.path.exists(path):
+    return 'unknown'
+  with open(path, encoding='utf-8') as f:
+    comments = []
+    for line in f:
+      if line.startswith('#!'):
+        continue
+      if not line.startswith('#'):
+        break
+      comments.append(line[1:].strip())
+  found = re.search(r'Cost: (.+?)\.(?:\s|$)', ' '.join(comments))
+  return found.group(1) if found else 'unknown'
+
+
 def record(root, name, tables, figures=None, captions=None, columns=None,
            command=None, short_command=None, cost=None, today=None,
            this_machine=None):
@@ -379,7 +397,7 @@ def record(root, name, tables, figures=None, captions=None, columns=None,
       'experiment': name,
       'command': f'bash experiments/{name}.sh',
       'short_command': f'SHORT=1 bash experiments/{name}.sh',
-      'cost': 'unknown',
+      'cost': header_cost(root, name),
       'tables': {}, 'figures': {}}
   measured = {'date': (today or datetime.date.today()).isoformat(),
               **(this_machine or machine())}

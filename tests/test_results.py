@@ -253,6 +253,23 @@ def test_record_builds_a_results_file_from_cli_json(tmp_path, capsys):
           ) in _read(str(tmp_path / 'docs' / 'p.md'))
 
 
+def test_a_new_results_file_takes_its_cost_from_the_script_header(tmp_path):
+  table = tmp_path / 'table.json'
+  table.write_text(json.dumps({'columns': ['n'], 'rows': [[1]]}))
+  _write(str(tmp_path / 'experiments' / 'sweep.sh'), '\n'.join([
+      '#!/usr/bin/env bash', '# What it measures.', '#',
+      '# Cost: about 0.4 core-hours on the 2-core CPU (8 minutes per seed on',
+      '# one core); no timing, any machine.', '# Short version: none',
+      'NAME=sweep', '# Cost: not this one.']))
+  path = results.record(str(tmp_path), 'sweep', {'t': str(table)})
+  assert json.loads(_read(path))['cost'] == (
+      'about 0.4 core-hours on the 2-core CPU (8 minutes per seed on one '
+      'core); no timing, any machine')
+  # Without a script (or a Cost sentence): 'unknown'.
+  path = results.record(str(tmp_path), 'other', {'t': str(table)})
+  assert json.loads(_read(path))['cost'] == 'unknown'
+
+
 def test_record_refuses_what_it_cannot_read(tmp_path, capsys):
   bad = tmp_path / 'bad.json'
   bad.write_text(json.dumps({'speedup': 2.85}))
