@@ -35,7 +35,7 @@ timed bench 4 .venv/bin/terraformer-bench \
   --config_file=gin/bench/terraformer_17b_kernels_q8.gin \
   ${depth[@]+"${depth[@]}"}
 tabulate speed models "$out/bench.json" \
-  --columns='model,ms/token [min-max],ms/block,MB/token,bound ms,x bound,speedup,vs dense,vs dense bound' \
+  --columns='model,ms/token [min-max],ms/block,MB/token,GB/s,bound ms,x bound,speedup,vs dense,vs dense bound' \
   --label=17b_dense_kernels_int8='dense, int8' \
   --label=17b_dense_kernels_q8='dense, Q8' \
   --label=17b_sparse_ff_qkv_loss_kernels_q8='sparse FF+QKV+loss, Q8' \
@@ -46,5 +46,5 @@ tabulate speed models "$out/bench.json" \
   --figure=terraformer_q8_x_bound='Terraformer 17B, Q8:x bound' \
   --figure=terraformer_q8_vs_dense='Terraformer 17B, Q8:vs dense' \
   --figure=terraformer_q8_vs_dense_bound='Terraformer 17B, Q8:vs dense bound'
-record
+record --caption=models="The 17B models at full depth (6 + 6 blocks) with the fused kernels: int8 weights with float activations beside the Q8 GEMV (int8 weights packed for the one-row product, int8 activations); batch 1, 4 tokens after a 16-token prompt, median of 3 repeats, quiet CPU; bound = bytes read per token / the GEMV bandwidth measured after each round of that model's repeats (GB/s: their median); speedup against the dense int8 model of the same run. Sparse rows store their sparse FF in int8 rows either way."
 banner done "outputs in $out"

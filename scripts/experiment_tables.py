@@ -94,7 +94,8 @@ def speed(data, opts):
   --compare_trax also Trax's ms/token and ours vs Trax; with a JSON that
   has them, the speedups over the dense model of the same decode options
   (DENSE_COLUMNS). Besides the default columns, `ms/token` (the median
-  alone) can be chosen with --columns."""
+  alone) and `GB/s` (the bandwidth of the model's bound: measured between
+  its rounds of repeats, or the run's) can be chosen with --columns."""
   models = data['models']
   trax = any('trax' in m for m in models)
   dense = any('speedup_vs_dense' in m for m in models)
@@ -113,6 +114,7 @@ def speed(data, opts):
         'MB/token': f"{m['bytes_per_token'] / 1e6:.1f}",
         'MB/block': _f(None if block is None else block / 1e6, '.2f'),
         'bound ms': _f(m.get('bound_ms_per_token'), '.1f'),
+        'GB/s': _f(m.get('bandwidth_gbps'), '.1f'),
         'x bound': _f(m.get('achieved_over_bound'), '.2f'),
         'speedup': f"{m['speedup']:.2f}x",
         'per block': _f(per_block, '.2f') + ('x' if per_block else ''),

@@ -68,6 +68,17 @@ def test_speed_table_has_the_clis_cells_and_labels(tmp_path, capsys):
   assert 'figure loss: 10.39x' in out
 
 
+def test_speed_table_gives_each_models_own_bandwidth(tmp_path):
+  with open(BENCH_17B, encoding='utf-8') as f:
+    data = json.load(f)
+  data['models'][1]['bandwidth_gbps'] = 12.345  # Its own rounds' probe.
+  code, table, _ = _run(tmp_path, 'speed', _write(tmp_path, 'b.json', data),
+                        '--columns=model,GB/s')
+  assert code == 0
+  assert [row[1] for row in table['rows'][:2]] == [
+      f"{data['models'][0]['bandwidth_gbps']:.1f}", '12.3']
+
+
 def test_speeds_gives_a_labelled_row_per_run_of_one_model(tmp_path, capsys):
   """Runs of one model each (the same model under other bindings or input
   lengths): a row per run, in order, with its label."""

@@ -262,8 +262,10 @@ def run(configs, parse, tokens=32, prompt_len=16, repeats=5, seed=0,
     fit_blocks: see above.
 
   Returns:
-    dict: bandwidth_gbps (GEMV, median), bandwidth_gbps_max, settings and
-    models: one result per configuration (see `decode_speed.benchmark_all`),
+    dict: bandwidth_gbps (GEMV, median, before the timing),
+    bandwidth_gbps_max, settings and models: one result per configuration
+    (see `decode_speed.benchmark_all`; its bound uses the bandwidth
+    measured between its own rounds of repeats, its `bandwidth_gbps`),
     with `config`, `speedup` (first model's ms/token over this one's),
     `speedup_per_block`, `paper_seconds` (the config's
     PAPER_DECODE_SECONDS or None), with compare_trax, `trax` (the
@@ -284,13 +286,19 @@ def run(configs, parse, tokens=32, prompt_len=16, repeats=5, seed=0,
         name, None if project_layers is None else fit_blocks))
     if compare_trax:
       specs.append(trax_spec_from_gin('trax: ' + name))
-  bandwidth, bandwidth_max = decode_speed.gemv_bandwidth()
+  probe = decode_speed.GemvProbe()
+  bandwidth, bandwidth_max = probe.measure()
   log(f'GEMV bandwidth: {bandwidth:.1f} GB/s (median), '
-      f'{bandwidth_max:.1f} GB/s (best)')
+      f'{bandwidth_max:.1f} GB/s (best); measured again after each round '
+      'of repeats: each model\'s bound uses its own rounds\' bandwidth')
   settings = dict(tokens=tokens, prompt_len=prompt_len, repeats=repeats,
                   seed=seed, batch_size=1)
-  timed = decode_speed.benchmark_all(specs, tokens, prompt_len, repeats,
-                                     seed, bandwidth, memory_budget, log)
+  try:
+    timed = decode_speed.benchmark_all(specs, tokens, prompt_len, repeats,
+                                       seed, bandwidth, memory_budget, log,
+                                       probe)
+  finally:
+    probe.close()
   del specs
   gc.collect()
   step = 2 if compare_trax else 1

@@ -44,31 +44,53 @@ def _read_rate(fn, args, size, repeats):
   return size / np.median(times) / 1e9, size / min(times) / 1e9
 
 
+class GemvProbe:
+  """The read-bandwidth probe: GB/s (median, best) of the faster of two
+  one-row products over a `megabytes` matrix: XLA's jitted float32 GEMV
+  and, when the kernels are built, the Q8 GEMV kernel over int8 weights
+  (`kernels.q8_matmul`; a dense Q8 17B step read faster than XLA's GEMV
+  did on the same day, so that one alone set bounds below what a step
+  reached). The matrices are made once and kept until `close()`, so that
+  `time_models` can measure between rounds of repeats."""
+
+  def __init__(self, megabytes=256):
+    self.megabytes = megabytes
+    self._operands = None
+
+  def _make(self):
+    cols = 1024
+    rows = self.megabytes * 2**20 // (4 * cols)
+    rng = np.random.default_rng(0)
+    matrix = jnp.asarray(rng.standard_normal((rows, cols), dtype=np.float32))
+    readers = [(jax.jit(jnp.dot), (matrix, jnp.ones((cols,), jnp.float32)),
+                matrix.size * 4)]
+    if kernel_lib.available():
+      k, n = 4096, self.megabytes * 2**20 // 4096
+      groups = -(-n // 16)
+      packed = jnp.asarray(rng.integers(-127, 128, (groups, k // 4, 16, 4),
+                                        dtype=np.int8))
+      readers.append((jax.jit(kernel_lib.q8_matmul),
+                      (jnp.ones((1, k), jnp.float32), packed,
+                       jnp.ones((groups * 16,), jnp.float32)), packed.size))
+    return readers
+
+  def measure(self, repeats=10):
+    if self._operands is None:
+      self._operands = self._make()
+    return max(_read_rate(fn, args, size, repeats)
+               for fn, args, size in self._operands)
+
+  def close(self):
+    self._operands = None
+
+
 def gemv_bandwidth(megabytes=256, repeats=10):
-  """GB/s (median, best) of the faster of two one-row products over a
-  `megabytes` matrix: XLA's jitted float32 GEMV and, when the kernels are
-  built, the Q8 GEMV kernel over int8 weights (`kernels.q8_matmul`; a
-  dense Q8 17B step read faster than XLA's GEMV did on the same day, so
-  that one alone set bounds below what a step reached)."""
-  cols = 1024
-  rows = megabytes * 2**20 // (4 * cols)
-  rng = np.random.default_rng(0)
-  matrix = jnp.asarray(rng.standard_normal((rows, cols), dtype=np.float32))
-  rates = [_read_rate(jax.jit(jnp.dot),
-                      (matrix, jnp.ones((cols,), jnp.float32)),
-                      matrix.size * 4, repeats)]
-  del matrix
-  if kernel_lib.available():
-    k, n = 4096, megabytes * 2**20 // 4096
-    groups = -(-n // 16)
-    packed = jnp.asarray(rng.integers(-127, 128, (groups, k // 4, 16, 4),
-                                      dtype=np.int8))
-    rates.append(_read_rate(
-        jax.jit(kernel_lib.q8_matmul),
-        (jnp.ones((1, k), jnp.float32), packed,
-         jnp.ones((groups * 16,), jnp.float32)), packed.size, repeats))
-    del packed
-  return max(rates)
+  """GB/s (median, best) of one `GemvProbe` measurement."""
+  probe = GemvProbe(megabytes)
+  try:
+    return probe.measure(repeats)
+  finally:
+    probe.close()
 
 
 # ---------------------------------------------------------------------------
@@ -306,8 +328,14 @@ def _available_memory():
 
 
 def time_models(models, tokens=32, prompt_len=16, repeats=5, seed=0,
-                memory_budget=None, log=None):
+                memory_budget=None, log=None, probe=None):
   """Times several models, interleaving their repeats to share the noise.
+
+  With a `probe` (GemvProbe), each round of repeats is followed by a
+  bandwidth measurement, and each model's result carries the median of its
+  group's (`bandwidth_gbps`, and every round's in
+  `bandwidth_gbps_rounds`): the machine's read bandwidth drifts within
+  minutes, so a model's bound uses the bandwidth of the minutes it ran.
 
   Models whose weights and state fit together in `memory_budget` bytes
   (default: 40% of the available memory; a process holding models of N bytes
@@ -364,12 +392,17 @@ def time_models(models, tokens=32, prompt_len=16, repeats=5, seed=0,
     if log:
       log(f'timing {len(group)} model(s) together: {repeats} rounds')
     times = {i: [] for i in group}
+    rates = []
     for _ in range(repeats):
       for i in group:
         times[i].append(timers[i].repeat())
+      if probe is not None:
+        rates.append(probe.measure(repeats=5)[0])
     for i in group:
       by_layer, total = step_bytes_[i]
-      results[i] = {'ms_per_token_repeats': times[i],
+      probed = {'bandwidth_gbps': float(np.median(rates)),
+                'bandwidth_gbps_rounds': [float(r) for r in rates]} if rates else {}
+      results[i] = {**probed, 'ms_per_token_repeats': times[i],
                     'bytes_by_layer': by_layer, 'bytes_per_token': total,
                     'n_params': timers[i].n_params,
                     'decode_path': timers[i].decode_path,
@@ -417,6 +450,10 @@ def _result(spec, full, base, bandwidth_gbps):
       'decode_path': full.get('decode_path'),
       'memory_by_kind': full.get('memory_by_kind'),
   }
+  # The bandwidth measured beside this model's repeats, else the run's.
+  if full.get('bandwidth_gbps'):
+    bandwidth_gbps = full['bandwidth_gbps']
+    result['bandwidth_gbps_rounds'] = full['bandwidth_gbps_rounds']
   if base is not None:
     base_ms = float(np.median(base['ms_per_token_repeats']))
     result['ms_no_blocks'] = base_ms
@@ -436,7 +473,8 @@ def _result(spec, full, base, bandwidth_gbps):
 
 
 def benchmark_all(specs, tokens=32, prompt_len=16, repeats=5, seed=0,
-                  bandwidth_gbps=None, memory_budget=None, log=None):
+                  bandwidth_gbps=None, memory_budget=None, log=None,
+                  probe=None):
   """Benchmarks ModelSpecs together: ms/token, ms/block, bytes, bound.
 
   All models (and base models) are timed by one `time_models` call, so
@@ -451,7 +489,9 @@ def benchmark_all(specs, tokens=32, prompt_len=16, repeats=5, seed=0,
     repeats), ms_per_token_min/max/repeats, ms_per_block, ms_no_blocks,
     bytes_per_token, bytes_per_block, bytes_by_layer and, given
     `bandwidth_gbps`, bound_ms_per_token, bound_ms_per_block and
-    achieved_over_bound (ms_per_token / bound_ms_per_token).
+    achieved_over_bound (ms_per_token / bound_ms_per_token); with a
+    `probe` (`time_models`), each spec's bound uses the bandwidth measured
+    between its model's rounds (`bandwidth_gbps` of the result).
   """
   models, index = [], []
   for spec in specs:
@@ -461,7 +501,7 @@ def benchmark_all(specs, tokens=32, prompt_len=16, repeats=5, seed=0,
     if use_base:
       models.append(spec.base_model)
   timed = time_models(models, tokens, prompt_len, repeats, seed,
-                      memory_budget, log)
+                      memory_budget, log, probe)
   return [_result(spec, timed[i], None if j is None else timed[j],
                   bandwidth_gbps)
           for spec, (i, j) in zip(specs, index)]

@@ -88,9 +88,8 @@ def format_table(report):
   lines.append(
       f"batch 1, {settings['tokens']} tokens after a "
       f"{settings['prompt_len']}-token prompt, {settings['repeats']} repeats;"
-      f" bound = bytes read per token / {report['bandwidth_gbps']:.1f} GB/s "
-      '(GEMV, measured in this run); ms/block and MB/block: (model - model '
-      'without decoder blocks) / blocks')
+      f' bound = bytes read per token / {_bandwidths(report)}; ms/block and '
+      'MB/block: (model - model without decoder blocks) / blocks')
   lines.append(DENSE_NOTE)
   paths = [f"{r['name']}: {r['decode_path']}" for r in models
            if r.get('decode_path') not in (None, 'xla')]
@@ -132,7 +131,7 @@ def format_projection(report):
       f"{s['tokens']} tokens after a {s['prompt_len']}-token input, "
       f"{s['repeats']} repeats; projected: ms no blocks + "
       f"{s['project_layers']} x ms/block (bytes likewise); bound = bytes / "
-      f"{report['bandwidth_gbps']:.1f} GB/s (GEMV, this run); paper: "
+      f"{_bandwidths(report)}; paper: "
       'PAPER_DECODE_SECONDS of the gin config')
   lines.append(DENSE_NOTE + ' (projected)')
   return '\n'.join(lines)
@@ -277,6 +276,18 @@ def plot_sweep(report, path):
   fig.tight_layout()
   fig.savefig(path, dpi=100)
   plt.close(fig)
+
+
+def _bandwidths(report):
+  """How a report's bounds were made: one GEMV bandwidth for the run, or
+  each model's own (measured between its rounds of repeats)."""
+  own = [r['bandwidth_gbps'] for r in report['models']
+         if r.get('bandwidth_gbps_rounds')]
+  if not own:
+    return (f"{report['bandwidth_gbps']:.1f} GB/s (GEMV, measured in this "
+            'run)')
+  return (f'the GEMV bandwidth measured between that model\'s rounds of '
+          f'repeats ({min(own):.1f}-{max(own):.1f} GB/s over the models)')
 
 
 def format_profile(name, summary, kinds=8):

@@ -107,6 +107,57 @@ def test_benchmark_fields_are_consistent():
   assert 0 < result['bound_ms_per_token'] < result['ms_per_token_min']
 
 
+class _Probe:
+  """A GemvProbe that returns 10, 20, 30, ... GB/s, one per call."""
+
+  def __init__(self):
+    self.calls = 0
+
+  def measure(self, repeats=10):
+    self.calls += 1
+    return 10.0 * self.calls, 10.0 * self.calls + 1
+
+
+def test_each_model_is_bounded_by_the_bandwidth_of_its_own_rounds():
+  """Models timed in separate groups (a memory budget of one model) each
+  get the median of the probes after their rounds; the run's bandwidth
+  is only the fallback."""
+  specs = [decode_speed.ModelSpec('a', lm(n_layers=1), None, 1),
+           decode_speed.ModelSpec('b', lm(n_layers=2), None, 2)]
+  probe = _Probe()
+  a, b = decode_speed.benchmark_all(specs, tokens=2, prompt_len=3,
+                                    repeats=3, bandwidth_gbps=99.0,
+                                    memory_budget=1, probe=probe)
+  assert probe.calls == 6  # One per round: 3 rounds of each model.
+  assert a['bandwidth_gbps_rounds'] == [10.0, 20.0, 30.0]
+  assert b['bandwidth_gbps_rounds'] == [40.0, 50.0, 60.0]
+  assert (a['bandwidth_gbps'], b['bandwidth_gbps']) == (20.0, 50.0)
+  for result in (a, b):
+    assert result['bound_ms_per_token'] == pytest.approx(
+        1e3 * result['bytes_per_token'] / (result['bandwidth_gbps'] * 1e9))
+  fresh = [decode_speed.ModelSpec('a', lm(n_layers=1), None, 1)]
+  (plain,) = decode_speed.benchmark_all(fresh, tokens=2, prompt_len=3,
+                                        repeats=1, bandwidth_gbps=99.0)
+  assert plain['bandwidth_gbps'] == 99.0
+  assert 'bandwidth_gbps_rounds' not in plain
+
+
+def test_probe_keeps_its_matrices_until_closed(monkeypatch):
+  sizes = []
+  monkeypatch.setattr(decode_speed, '_read_rate',
+                      lambda fn, args, size, repeats: (sizes.append(size)
+                                                       or (1.0, 2.0)))
+  probe = decode_speed.GemvProbe(megabytes=4)
+  made = probe._make  # pylint: disable=protected-access
+  count = []
+  monkeypatch.setattr(probe, '_make', lambda: count.append(1) or made())
+  assert probe.measure(2) == probe.measure(2) == (1.0, 2.0)
+  assert count == [1] and sizes == [4 * 2**20] * 4
+  probe.close()
+  probe.measure(2)
+  assert count == [1, 1]
+
+
 def test_gemv_bandwidth_is_positive():
   median, best = decode_speed.gemv_bandwidth(megabytes=8, repeats=3)
   assert 0 < median <= best
