@@ -27,6 +27,26 @@
 #                             scripts/experiment_tables.py MODE: the table
 #                             $out/ID.json of what a CLI wrote, and its figures
 #                             (--figure), both kept for `record`
+#   main_job_validation       sets eval_args (the main job's decoding of the
+#                             validation papers, no repeated token trigram; the
+#                             short version: 2 papers) and common (the short
+#                             version's 1 + 1 layer model, 128 / 64 tokens;
+#                             else empty), for the main job's tuning scripts
+#   bindings_of "A;B"         the lines --config=A, --config=B
+#   finetune_and_validate DIR STEPS LOG ARGS...
+#                             terraformer-train of gin/main/finetune.gin into DIR
+#                             to STEPS steps with ARGS (--config=...; output
+#                             appended to LOG), then, unless DIR has
+#                             eval_validation_stepSTEPS.json, terraformer-eval
+#                             with ARGS and the script's eval_args into
+#                             DIR/eval.txt; prints its F1 table
+#   row_or_missing NAME LABEL JSON
+#                             rows+=("LABEL=JSON") when JSON (an evaluation)
+#                             exists, else missing+=("NAME") (once a name)
+#   exit_unless_complete [VAR]
+#                             with names in `missing`: says to run them
+#                             (VAR=..., default SETTINGS) and exits 0,
+#                             writing no table
 #   record ARGS...            scripts/results.py record NAME with every table and
 #                             figure `tabulate` kept, and ARGS; the short
 #                             version records nothing
@@ -112,6 +132,56 @@ tabulate() {
   while IFS= read -r line; do
     tabulated+=(--figure="$line")
   done < "$out/$id.figures"
+}
+
+main_job_validation() {
+  eval_args=(--split=validation --method=sample --no_repeat_ngram=3)
+  common=()
+  if [[ -n "$SHORT" ]]; then
+    common=('--config=Terraformer.n_encoder_layers = 1'
+            '--config=Terraformer.n_decoder_layers = 1'
+            '--config=INPUT_LEN = 128' '--config=TARGET_LEN = 64'
+            '--config=Terraformer.predict_mem_len = 192')
+    eval_args+=(--max_examples=2 --batch_size=2)
+  fi
+}
+
+bindings_of() {
+  local b
+  local -a list
+  IFS=';' read -r -a list <<< "$1"
+  for b in ${list[@]+"${list[@]}"}; do printf '%s\n' "--config=$b"; done
+}
+
+finetune_and_validate() {
+  local dir=$1 steps=$2 log=$3
+  shift 3
+  mkdir -p "$dir"
+  .venv/bin/terraformer-train --config_file=gin/main/finetune.gin \
+    --output_dir="$dir" "--config=terraformer.train.steps = $steps" "$@" \
+    2>&1 | tee -a "$log"
+  if ! ls "$dir"/eval_validation_step"$steps".json > /dev/null 2>&1; then
+    banner "$(basename "$dir"): validation papers"
+    .venv/bin/terraformer-eval --config_file=gin/main/finetune.gin "$@" \
+      --output_dir="$dir" "${eval_args[@]}" --print_examples=1 > "$dir/eval.txt"
+  fi
+  grep -A 7 '^F1' "$dir/eval.txt" || true
+}
+
+row_or_missing() {
+  if [[ -f "$3" ]]; then
+    rows+=("$2=$3")
+  elif [[ " ${missing[*]-} " != *" $1 "* ]]; then
+    missing+=("$1")
+  fi
+}
+
+exit_unless_complete() {
+  if (( ${#missing[@]} )); then
+    banner "not evaluated yet: ${missing[*]} (run them, e.g." \
+      "${1:-SETTINGS}=\"${missing[*]}\"); no table"
+    exit 0
+  fi
 }
 
 record() {

@@ -31,15 +31,11 @@ source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
 base_steps=400
 calib_steps=30
-common=()
-eval_args=(--split=validation --method=sample --temperature=0.5 --no_repeat_ngram=3)
+main_job_validation
+eval_args+=(--temperature=0.5)
 if [[ -n "$SHORT" ]]; then
   base_steps=6
   calib_steps=4
-  common=('--config=Terraformer.n_encoder_layers = 1' '--config=Terraformer.n_decoder_layers = 1'
-          '--config=INPUT_LEN = 128' '--config=TARGET_LEN = 64'
-          '--config=Terraformer.predict_mem_len = 192')
-  eval_args+=(--max_examples=2 --batch_size=2)
 fi
 
 # name|what changes from the main job|its bindings (;). lsh_chunk_len 64
@@ -63,13 +59,6 @@ settings=(
 )
 [[ -z "$SHORT" ]] || settings=("${settings[0]}" "${settings[1]}" "${settings[8]}" "${settings[10]}")
 wanted=" ${SETTINGS:-} "
-
-bindings_of() {  # the --config arguments of a setting's bindings
-  local more=$1 b
-  local -a list
-  IFS=';' read -r -a list <<< "$more"
-  for b in ${list[@]+"${list[@]}"}; do printf '%s\n' "--config=$b"; done
-}
 
 # steps/s of a calibration log: the last "Ran N train steps in S secs"
 steps_per_s() {
@@ -116,30 +105,13 @@ for setting in "${settings[@]}"; do
   if [[ "$wanted" == "  " || "$wanted" == *" $name "* ]]; then
     mapfile -t bindings < <(bindings_of "$more")
     banner "$name ($label): $steps steps at $sps steps/s -> $dir"
-    mkdir -p "$dir"
-    .venv/bin/terraformer-train --config_file=gin/main/finetune.gin \
-      --output_dir="$dir" "--config=terraformer.train.steps = $steps" \
-      ${bindings[@]+"${bindings[@]}"} ${common[@]+"${common[@]}"} \
-      2>&1 | tee -a "$out/$name.log"
-    if ! ls "$dir"/eval_validation_step"$steps".json > /dev/null 2>&1; then
-      banner "$name: validation papers"
-      .venv/bin/terraformer-eval --config_file=gin/main/finetune.gin \
-        ${bindings[@]+"${bindings[@]}"} ${common[@]+"${common[@]}"} \
-        --output_dir="$dir" "${eval_args[@]}" --print_examples=1 > "$dir/eval.txt"
-    fi
-    grep -A 7 '^F1' "$dir/eval.txt" || true
+    finetune_and_validate "$dir" "$steps" "$out/$name.log" \
+      ${bindings[@]+"${bindings[@]}"} ${common[@]+"${common[@]}"}
   fi
-  if ls "$dir"/eval_validation_step"$steps".json > /dev/null 2>&1; then
-    rows+=("$row_label=$dir/eval_validation_step$steps.json")
-  else
-    missing+=("$name")
-  fi
+  row_or_missing "$name" "$row_label" "$dir/eval_validation_step$steps.json"
 done
 
-if (( ${#missing[@]} )); then
-  banner "not evaluated yet: ${missing[*]} (run them, e.g. SETTINGS=\"${missing[*]}\"); no table"
-  exit 0
-fi
+exit_unless_complete
 banner "the table"
 tabulate settings settings "${rows[@]}"
 record --caption=settings="Each setting trained body -> abstract from scratch (lr 0.002, seed 0 unless named, batch 4, 128 target tokens) for the wall time of the main job's 400 steps: its steps = 400 x its steps/s / the job's, steps/s measured over 30 steps on one core; scored on the 25 validation papers, sampled at T = 0.5 without repeating a token trigram, beside the references' fluency and two extractive yardsticks on the same papers (ROUGE F1 %, rouge-score stemmed; fluency against the train papers' texts)."

@@ -25,16 +25,12 @@ source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
 steps=400
 warmup=50
-common=()
-eval_args=(--split=validation --method=sample --temperature=0.5 --no_repeat_ngram=3)
+main_job_validation
+eval_args+=(--temperature=0.5)
 if [[ -n "$SHORT" ]]; then
   steps=6
   warmup=2
-  common=('--config=Terraformer.n_encoder_layers = 1' '--config=Terraformer.n_decoder_layers = 1'
-          '--config=INPUT_LEN = 128' '--config=TARGET_LEN = 64'
-          '--config=Terraformer.predict_mem_len = 192'
-          "--config=multifactor.warmup_steps = $warmup")
-  eval_args+=(--max_examples=2 --batch_size=2)
+  common+=("--config=multifactor.warmup_steps = $warmup")
 fi
 cosine="multifactor.factors = 'constant * linear_warmup * cosine_decay';multifactor.steps_per_cycle = $((steps - warmup))"
 
@@ -46,13 +42,6 @@ settings=(
 )
 wanted=" ${SETTINGS:-} "
 
-bindings_of() {  # the --config arguments of a setting's bindings
-  local more=$1 b
-  local -a list
-  IFS=';' read -r -a list <<< "$more"
-  for b in ${list[@]+"${list[@]}"}; do printf '%s\n' "--config=$b"; done
-}
-
 rows=()
 missing=()
 for setting in "${settings[@]}"; do
@@ -63,31 +52,15 @@ for setting in "${settings[@]}"; do
     if [[ "$wanted" == "  " || "$wanted" == *" $name "* ]]; then
       mapfile -t bindings < <(bindings_of "$more;terraformer.train.random_seed = $seed")
       banner "$name ($label, seed $seed): $steps steps -> $dir"
-      mkdir -p "$dir"
-      .venv/bin/terraformer-train --config_file=gin/main/finetune.gin \
-        --output_dir="$dir" "--config=terraformer.train.steps = $steps" \
-        ${bindings[@]+"${bindings[@]}"} ${common[@]+"${common[@]}"} \
-        2>&1 | tee -a "$out/$name.log"
-      if ! ls "$dir"/eval_validation_step"$steps".json > /dev/null 2>&1; then
-        banner "$name: validation papers"
-        .venv/bin/terraformer-eval --config_file=gin/main/finetune.gin \
-          ${bindings[@]+"${bindings[@]}"} ${common[@]+"${common[@]}"} \
-          --output_dir="$dir" "${eval_args[@]}" --print_examples=1 > "$dir/eval.txt"
-      fi
-      grep -A 7 '^F1' "$dir/eval.txt" || true
+      finetune_and_validate "$dir" "$steps" "$out/$name.log" \
+        ${bindings[@]+"${bindings[@]}"} ${common[@]+"${common[@]}"}
     fi
-    if ls "$dir"/eval_validation_step"$steps".json > /dev/null 2>&1; then
-      rows+=("$label, seed $seed=$dir/eval_validation_step$steps.json")
-    else
-      missing+=("$name")
-    fi
+    row_or_missing "$name" "$label, seed $seed" \
+      "$dir/eval_validation_step$steps.json"
   done
 done
 
-if (( ${#missing[@]} )); then
-  banner "not evaluated yet: ${missing[*]} (run them, e.g. SETTINGS=\"${missing[*]}\"); no table"
-  exit 0
-fi
+exit_unless_complete
 banner "the table"
 tabulate settings settings "${rows[@]}"
 record --caption=settings="Each setting trained body -> abstract from scratch for the main job's 400 steps (50 warmup steps, batch 4, 512 input / 128 target tokens; equal wall time), seeds 0 and 1, scored on the 25 validation papers, sampled at T = 0.5 without repeating a token trigram, beside the references' fluency and two extractive yardsticks on the same papers (ROUGE F1 %, rouge-score stemmed; fluency against the train papers' texts). Cosine decay: one cycle over the 350 steps after the warmup."

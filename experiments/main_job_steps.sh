@@ -30,16 +30,11 @@ NAME=main_job_steps
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
 step_counts=(400 500 600)
-common=()
 temperatures=(0.5 0.6 0.7)
-eval_args=(--split=validation --method=sample --no_repeat_ngram=3)
+main_job_validation
 if [[ -n "$SHORT" ]]; then
   step_counts=(2 4 6)
-  common=('--config=Terraformer.n_encoder_layers = 1' '--config=Terraformer.n_decoder_layers = 1'
-          '--config=INPUT_LEN = 128' '--config=TARGET_LEN = 64'
-          '--config=Terraformer.predict_mem_len = 192'
-          '--config=multifactor.warmup_steps = 2')
-  eval_args+=(--max_examples=2 --batch_size=2)
+  common+=('--config=multifactor.warmup_steps = 2')
 fi
 
 # at<N>: a copy of the checkpoint at N steps; at<N>_T<T>: one per other
@@ -83,19 +78,13 @@ for steps in "${step_counts[@]}"; do
       [[ "$t" == "${temperatures[0]}" ]] || at="${at}_T$t"
       label="$steps steps, T = $t"
       [[ -n "$SHORT" || "$steps$t" != 4000.5 ]] || label="$label (the job's so far)"
-      if [[ -f "$at/eval_validation_step$steps.json" ]]; then
-        rows+=("$label, seed $seed=$at/eval_validation_step$steps.json")
-      else
-        missing+=("seed $seed at $steps steps, T = $t")
-      fi
+      row_or_missing "$seed" "$label, seed $seed" \
+        "$at/eval_validation_step$steps.json"
     done
   done
 done
 
-if (( ${#missing[@]} )); then
-  banner "not evaluated yet: ${missing[*]}; no table"
-  exit 0
-fi
+exit_unless_complete SEEDS
 banner "the table"
 tabulate settings settings "${rows[@]}"
 record --caption=settings="The main job's setting (body -> abstract from scratch, a constant 0.002 after 50 warmup steps, batch 4, 512 input / 128 target tokens) trained on, seeds 0 and 1; its checkpoints at each step count scored on the 25 validation papers, sampled at temperature T without repeating a token trigram, beside the references' fluency and two extractive yardsticks on the same papers (ROUGE F1 %, rouge-score stemmed; fluency against the train papers' texts)."
