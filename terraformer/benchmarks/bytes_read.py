@@ -18,6 +18,7 @@ from trax.layers import attention as trax_attention
 from trax.layers import combinators as trax_combinators
 from trax.layers import core as trax_core
 
+from terraformer.kernels.layers import is_q8
 from terraformer.layers.cross_attention import CrossAttention
 from terraformer.layers.lsh_attention import CausalDotProductAttention
 from terraformer.layers.prefix_attention import PrefixCausalAttention
@@ -61,7 +62,7 @@ def _leaf_layer_bytes(layer, weights, state, position, n_tokens,
     rows = n_tokens * layer.n_blocks
     # 'q8' storage (terraformer/kernels): C2 packed, its scales last, all
     # read; int8 and 'q8': one scale per selected row of W1ᵀ and W2 too.
-    c2_scale = (rest.pop(),) if len(c2.shape) == 4 else ()
+    c2_scale = (rest.pop(),) if is_q8(c2) else ()
     scales = sum(_row_bytes(s, rows) for s in rest)
     return (nbytes((c1, c2, c, b2) + c2_scale) + _row_bytes(w1t, rows)
             + _row_bytes(w2, rows) + scales)

@@ -398,10 +398,10 @@ def time_models(models, tokens=32, prompt_len=16, repeats=5, seed=0,
         times[i].append(timers[i].repeat())
       if probe is not None:
         rates.append(probe.measure(repeats=5)[0])
+    probed = {'bandwidth_gbps': float(np.median(rates)),
+              'bandwidth_gbps_rounds': [float(r) for r in rates]} if rates else {}
     for i in group:
       by_layer, total = step_bytes_[i]
-      probed = {'bandwidth_gbps': float(np.median(rates)),
-                'bandwidth_gbps_rounds': [float(r) for r in rates]} if rates else {}
       results[i] = {**probed, 'ms_per_token_repeats': times[i],
                     'bytes_by_layer': by_layer, 'bytes_per_token': total,
                     'n_params': timers[i].n_params,
