@@ -621,6 +621,98 @@ TF_AVX2 void MulBlockS8Avx2(const float* x, const int8_t* g, float* v) {
   }
 }
 
+// Lane j of the result: op over the 16 lanes of m[slot(j)], slot(j) =
+// 4 (j % 4) + j / 4 (the shuffles below leave lane 4c + k holding vector
+// 4k + c's reduction). 15 shuffle pairs for 16 vectors instead of 4 per
+// vector; max and integer adds give the same bits in any order.
+inline int Q8Slot(int j) { return ((j & 3) << 2) | (j >> 2); }
+
+struct MaxPs {
+  TF_VNNI __m512 operator()(__m512 a, __m512 b) const { return _mm512_max_ps(a, b); }
+};
+struct AddEpi32 {  // Integer lanes carried in __m512.
+  TF_VNNI __m512 operator()(__m512 a, __m512 b) const {
+    return _mm512_castsi512_ps(
+        _mm512_add_epi32(_mm512_castps_si512(a), _mm512_castps_si512(b)));
+  }
+};
+
+template <typename Op>
+TF_VNNI inline __m512 Reduce16(__m512* m, Op op) {
+  for (int i = 0; i < 8; ++i) {  // Each vector to 8 lanes.
+    m[i] = op(_mm512_shuffle_f32x4(m[2 * i], m[2 * i + 1], 0x44),
+              _mm512_shuffle_f32x4(m[2 * i], m[2 * i + 1], 0xEE));
+  }
+  for (int i = 0; i < 4; ++i) {  // To one 128-bit lane each.
+    m[i] = op(_mm512_shuffle_f32x4(m[2 * i], m[2 * i + 1], 0x88),
+              _mm512_shuffle_f32x4(m[2 * i], m[2 * i + 1], 0xDD));
+  }
+  for (int i = 0; i < 2; ++i) {
+    m[i] = op(_mm512_unpacklo_ps(m[2 * i], m[2 * i + 1]),
+              _mm512_unpackhi_ps(m[2 * i], m[2 * i + 1]));
+  }
+  return op(_mm512_castpd_ps(_mm512_unpacklo_pd(_mm512_castps_pd(m[0]),
+                                                _mm512_castps_pd(m[1]))),
+            _mm512_castpd_ps(_mm512_unpackhi_pd(_mm512_castps_pd(m[0]),
+                                                _mm512_castps_pd(m[1]))));
+}
+
+TF_VNNI inline __m512 LoadBlockHalf(const float* g) { return _mm512_loadu_ps(g); }
+TF_VNNI inline __m512 LoadBlockHalf(const int8_t* g) {
+  return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(
+      _mm_loadu_si128(reinterpret_cast<const __m128i*>(g))));
+}
+
+// The first nb full blocks of one row v = x g (g float, or int8 times
+// g_scale): the same q, d and off as MulBlock* + Q8BlockAvx512 block by block
+// (the same products, amax, d = amax / 127, 1 / d and rounding), 16 blocks
+// at a time: v stays in a stack buffer, and the 16 blocks' amax and sums of
+// q are reduced together (Reduce16), d and 1 / d computed in one vector.
+template <typename G>
+TF_VNNI void Q8RowAvx512(const float* x, const G* g, float g_scale,
+                         int64_t nb, int8_t* q, float* d, int32_t* off) {
+  alignas(64) float v[16 * kQ8Block];
+  const __m512 tiny = _mm512_set1_ps(kQ8Tiny), k127 = _mm512_set1_ps(127.f);
+  const __m512i lim = _mm512_set1_epi32(127), neg = _mm512_set1_epi32(-127);
+  for (int64_t b0 = 0; b0 < nb; b0 += 16) {
+    const int n = static_cast<int>(std::min<int64_t>(16, nb - b0));
+    __m512 m[16];
+    for (int j = 0; j < 16; ++j) m[Q8Slot(j)] = _mm512_setzero_ps();
+    for (int j = 0; j < n; ++j) {
+      const int64_t k = (b0 + j) * kQ8Block;
+      const __m512 va = _mm512_mul_ps(_mm512_loadu_ps(x + k), LoadBlockHalf(g + k));
+      const __m512 vb = _mm512_mul_ps(_mm512_loadu_ps(x + k + 16),
+                                      LoadBlockHalf(g + k + 16));
+      _mm512_store_ps(v + j * kQ8Block, va);
+      _mm512_store_ps(v + j * kQ8Block + 16, vb);
+      m[Q8Slot(j)] = _mm512_max_ps(_mm512_abs_ps(va), _mm512_abs_ps(vb));
+    }
+    const __m512 amax = Reduce16(m, MaxPs());
+    // Q8Inverse, lane by lane: !(amax >= tiny) (NaN too) -> d = inv = 0.
+    const __mmask16 ok = _mm512_cmp_ps_mask(amax, tiny, _CMP_GE_OQ);
+    const __m512 dv = _mm512_maskz_div_ps(ok, amax, k127);
+    const __m512 inv = _mm512_maskz_div_ps(ok, _mm512_set1_ps(1.f), dv);
+    const __mmask16 live = static_cast<__mmask16>((1u << n) - 1);
+    _mm512_mask_storeu_ps(d + b0, live, _mm512_mul_ps(dv, _mm512_set1_ps(g_scale)));
+    __m512 sums[16];
+    for (int j = 0; j < 16; ++j) sums[Q8Slot(j)] = _mm512_setzero_ps();
+    for (int j = 0; j < n; ++j) {
+      const __m512 ij = _mm512_permutexvar_ps(_mm512_set1_epi32(j), inv);
+      __m512i qa = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_load_ps(v + j * kQ8Block), ij));
+      __m512i qb = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_load_ps(v + j * kQ8Block + 16), ij));
+      qa = _mm512_max_epi32(_mm512_min_epi32(qa, lim), neg);
+      qb = _mm512_max_epi32(_mm512_min_epi32(qb, lim), neg);
+      int8_t* qj = q + (b0 + j) * kQ8Block;
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(qj), _mm512_cvtepi32_epi8(qa));
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(qj + 16), _mm512_cvtepi32_epi8(qb));
+      sums[Q8Slot(j)] = _mm512_castsi512_ps(_mm512_add_epi32(qa, qb));
+    }
+    const __m512i total = _mm512_castps_si512(Reduce16(sums, AddEpi32()));
+    _mm512_mask_storeu_epi32(off + b0, live,
+                             _mm512_mullo_epi32(total, _mm512_set1_epi32(-128)));
+  }
+}
+
 // Rows (t, s) of x [T, K] times g [S, K], quantized into `a` (row t*S + s);
 // rows split over `pool` (when given) from g_parallel_bytes of float
 // activations on (64 rows of sparse QKV's multiplicative layer at 17B: 2.4
@@ -640,7 +732,19 @@ void Q8Quantize(ffi::ThreadPool* pool, GemvIsa isa, const float* x, int64_t T,
   auto quantize_row = [=](int64_t r) {
     const int64_t t = r / S, s = r % S;
     alignas(64) float v[kQ8Block];
-    for (int64_t b = 0; b < a->nb; ++b) {
+    int64_t first = 0;  // Blocks before it are done.
+    if (isa == GemvIsa::kAvx512Vnni) {
+      first = K / kQ8Block;
+      int8_t* q = a->q.data() + r * kp;
+      float* d = a->d.data() + r * a->nb;
+      int32_t* off = a->off.data() + r * a->nb;
+      if (g8 != nullptr) {
+        Q8RowAvx512(x + t * K, g8 + s * K, g_scale[s], first, q, d, off);
+      } else {
+        Q8RowAvx512(x + t * K, g + s * K, 1.f, first, q, d, off);
+      }
+    }
+    for (int64_t b = first; b < a->nb; ++b) {
       const int64_t k0 = b * kQ8Block;
       const int64_t n = std::min(kQ8Block, K - k0);
       const float* xb = x + t * K + k0;
@@ -741,12 +845,13 @@ TF_VNNI inline void Q8GroupVnni(const Q8Act& a, int64_t r0, const int8_t* pg,
   }
 }
 
+// Groups [g0, g1) times rows [row0, row1) of `a`.
 TF_VNNI void Q8RangeVnni(const Q8Act& a, const int8_t* p, const Q8Out& o,
-                         int64_t g0, int64_t g1) {
+                         int64_t g0, int64_t g1, int64_t row0, int64_t row1) {
   for (int64_t gi = g0; gi < g1; ++gi) {
     const int8_t* pg = p + gi * a.kp * kQ8Rows;
-    for (int64_t r0 = 0; r0 < a.rows; r0 += kQ8RowsVnni) {
-      switch (std::min<int64_t>(kQ8RowsVnni, a.rows - r0)) {
+    for (int64_t r0 = row0; r0 < row1; r0 += kQ8RowsVnni) {
+      switch (std::min<int64_t>(kQ8RowsVnni, row1 - r0)) {
         case 1: Q8GroupVnni<1>(a, r0, pg, o, gi); break;
         case 2: Q8GroupVnni<2>(a, r0, pg, o, gi); break;
         case 3: Q8GroupVnni<3>(a, r0, pg, o, gi); break;
@@ -817,22 +922,22 @@ TF_AVX2 inline void Q8GroupAvx2(const Q8Act& a, int64_t r0, const int8_t* pg,
 }
 
 TF_AVX2 void Q8RangeAvx2(const Q8Act& a, const int8_t* p, const Q8Out& o,
-                         int64_t g0, int64_t g1) {
+                         int64_t g0, int64_t g1, int64_t row0, int64_t row1) {
   for (int64_t gi = g0; gi < g1; ++gi) {
     const int8_t* pg = p + gi * a.kp * kQ8Rows;
-    int64_t r0 = 0;
-    for (; r0 + kQ8RowsAvx2 <= a.rows; r0 += kQ8RowsAvx2) {
+    int64_t r0 = row0;
+    for (; r0 + kQ8RowsAvx2 <= row1; r0 += kQ8RowsAvx2) {
       Q8GroupAvx2<kQ8RowsAvx2>(a, r0, pg, o, gi);
     }
-    if (r0 < a.rows) Q8GroupAvx2<1>(a, r0, pg, o, gi);
+    if (r0 < row1) Q8GroupAvx2<1>(a, r0, pg, o, gi);
   }
 }
 
 void Q8RangeScalar(const Q8Act& a, const int8_t* p, const Q8Out& o,
-                   int64_t g0, int64_t g1) {
+                   int64_t g0, int64_t g1, int64_t row0, int64_t row1) {
   for (int64_t gi = g0; gi < g1; ++gi) {
     const int8_t* pg = p + gi * a.kp * kQ8Rows;
-    for (int64_t row = 0; row < a.rows; ++row) {
+    for (int64_t row = row0; row < row1; ++row) {
       const int8_t* xq = a.q.data() + row * a.kp;
       for (int64_t j = 0; j < kQ8Rows && gi * kQ8Rows + j < o.N; ++j) {
         float acc = 0.f;
@@ -855,9 +960,16 @@ void Q8RangeScalar(const Q8Act& a, const int8_t* p, const Q8Out& o,
   }
 }
 
+// Rows from which a product is compute-bound (each weight reused by many
+// rows): its work is then split into (group, part of the rows) items taken
+// one by one, so that 2 threads stay even on 9 groups (the 17B sparse QKV's
+// 144 outputs) and a helper that starts late still finds work.
+constexpr int64_t kQ8ManyRows = 2 * kQ8RowsVnni;
+
 // y = the Q8 product of x [T, K] g [S, K] (rows t*S + s) and P (n_groups
-// groups of kp inputs). The groups are split into equal contiguous ranges,
-// one per thread of the pool, when the product is large enough.
+// groups of kp inputs). A few rows (memory-bound): the groups split into
+// equal contiguous ranges, one per thread of the pool, when the product is
+// large enough; many rows: see kQ8ManyRows.
 void Q8Matmul(ffi::ThreadPool* pool, const float* x, int64_t T,
               const float* g, int64_t S, int64_t K, const int8_t* p,
               int64_t n_groups, int64_t kp, const Q8Out& o,
@@ -868,15 +980,28 @@ void Q8Matmul(ffi::ThreadPool* pool, const float* x, int64_t T,
   // Multiply-adds: bytes of P times rows.
   const bool parallel =
       pool != nullptr && a.rows * n_groups * kQ8Rows * kp >= g_parallel_bytes.load();
+  auto range = [&](int64_t g0, int64_t g1, int64_t row0, int64_t row1) {
+    switch (isa) {
+      case GemvIsa::kAvx512Vnni: return Q8RangeVnni(a, p, o, g0, g1, row0, row1);
+      case GemvIsa::kAvx2: return Q8RangeAvx2(a, p, o, g0, g1, row0, row1);
+      default: return Q8RangeScalar(a, p, o, g0, g1, row0, row1);
+    }
+  };
+  if (parallel && a.rows >= kQ8ManyRows) {
+    // Two parts of the rows, each a multiple of a register pass.
+    const int64_t half = (a.rows / 2 + kQ8RowsVnni - 1) / kQ8RowsVnni * kQ8RowsVnni;
+    ParallelFor(pool, 2 * n_groups, [&](int64_t c) {
+      const int64_t gi = c / 2;
+      if (c % 2 == 0) return range(gi, gi + 1, 0, half);
+      return range(gi, gi + 1, half, a.rows);
+    });
+    return;
+  }
   const int64_t workers =
       parallel ? std::max<int64_t>(1, std::min<int64_t>(pool->num_threads(), n_groups)) : 1;
   ParallelFor(workers > 1 ? pool : nullptr, workers, [&](int64_t c) {
     const int64_t g0 = c * n_groups / workers, g1 = (c + 1) * n_groups / workers;
-    switch (isa) {
-      case GemvIsa::kAvx512Vnni: return Q8RangeVnni(a, p, o, g0, g1);
-      case GemvIsa::kAvx2: return Q8RangeAvx2(a, p, o, g0, g1);
-      default: return Q8RangeScalar(a, p, o, g0, g1);
-    }
+    range(g0, g1, 0, a.rows);
   });
 }
 

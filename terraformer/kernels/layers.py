@@ -38,7 +38,8 @@ weights (`terraformer.benchmarks.weight_factory`) use.
 output, appended like int8's), and each call quantizes its input rows to
 int8 per block of 32 (`quantize_activations`), the products being integer
 dot products; ModuleConv's kernels [F, F', M, M] are packed as [F F' M, M]
-and each convolution of a step is that product over its patches. SparseFF,
+(those of the same size side by side) and a step's convolutions are that
+product over their patches. SparseFF,
 whose step reads single rows, stores W1ᵀ and W2 as 'int8' and packs its
 controller's C2 (the product (x C1) C2).
 
@@ -332,36 +333,68 @@ def _flat_kernel(w):
   return jnp.reshape(w, shape)
 
 
+def _side_by_side(arrays, axis):
+  """Arrays (or `jax.ShapeDtypeStruct`s) concatenated along `axis`."""
+  if isinstance(arrays[0], jax.ShapeDtypeStruct):
+    shape = list(arrays[0].shape)
+    shape[axis] = sum(a.shape[axis] for a in arrays)
+    return jax.ShapeDtypeStruct(tuple(shape), arrays[0].dtype)
+  return jnp.concatenate(arrays, axis=axis)
+
+
 class KernelModuleConv(_KernelMixin, ModuleConv):
   """ModuleConv (sparse QKV's convolutions, §3.2) whose predict-mode step,
-  with 'q8' storage, runs each convolution as one `tf_q8_matmul` over its
-  patches (`conv_patches`): integer dot products instead of XLA's float32
-  convolution. Other storages keep the float32 kernels and XLA's
+  with 'q8' storage, runs its convolutions as `tf_q8_matmul` calls over
+  their patches (`conv_patches`): integer dot products instead of XLA's
+  float32 convolution. Other storages keep the float32 kernels and XLA's
   convolution.
 
-  Weights (K_1, b_1, K_2, b_2, ...[, scales of K_1, K_2, ... with 'q8']),
-  each K_i stored as `pack_q8` of [F * F'_i * M, M].
+  Outputs with the same module kernel size see the same patches (sparse
+  QKV's Q and K): when M is a multiple of 16 (whole groups of `pack_q8`),
+  'q8' stores their kernels side by side, [F * F' * M, n M], and one call
+  computes them all, the patches quantized once (`_kernel_groups`).
+  Weights with 'q8': (kernel, bias) per group of outputs, each kernel
+  `pack_q8` of the flat kernels [F * F' * M, M] side by side and its bias
+  the outputs' biases, then each group's scales.
   """
 
-  def _convolve(self, image, i, length_pad):
-    kernel, bias = self.weights[2 * i:2 * i + 2]
-    if kernel.dtype != jnp.int8:  # A float kernel is 4-D too: not is_q8.
-      return super()._convolve(image, i, length_pad)
-    scale = self.weights[2 * len(self._module_kernel_sizes) + i]
-    patches = conv_patches(image, self._kernel_size,
-                           self._module_kernel_sizes[i], length_pad)
-    if self._ffi(int(np.prod(patches.shape[:-1]))):
-      return kernels.q8_matmul(patches, kernel, scale, None, bias)
-    return q8_product(patches, kernel, scale) + bias
+  def _kernel_groups(self):
+    """[[outputs computed by one product]], in the order of the weights."""
+    sizes = self._module_kernel_sizes
+    if self._d_module % Q8_ROWS:
+      return [[i] for i in range(len(sizes))]
+    return [[i for i, fm in enumerate(sizes) if fm == size]
+            for size in dict.fromkeys(sizes)]
+
+  def _convolve_all(self, image, length_pad):
+    if self.weights[0].dtype != jnp.int8:  # A float kernel is 4-D too.
+      return super()._convolve_all(image, length_pad)
+    groups = self._kernel_groups()
+    m = self._d_module
+    outputs = [None] * len(self._module_kernel_sizes)
+    for j, same in enumerate(groups):
+      kernel, bias = self.weights[2 * j:2 * j + 2]
+      scale = self.weights[2 * len(groups) + j]
+      patches = conv_patches(image, self._kernel_size,
+                             self._module_kernel_sizes[same[0]], length_pad)
+      if self._ffi(int(np.prod(patches.shape[:-1]))):
+        y = kernels.q8_matmul(patches, kernel, scale, None, bias)
+      else:
+        y = q8_product(patches, kernel, scale) + bias
+      for n, i in enumerate(same):
+        outputs[i] = y[..., n * m:(n + 1) * m]
+    return outputs
 
   def store(self, weights, storage, store_matrix=_store):
     if storage != 'q8':
       return weights
-    weights, scales = list(weights), []
-    for i in range(0, len(weights), 2):
-      weights[i], s = store_matrix(_flat_kernel(weights[i]), storage)
+    stored, scales = [], []
+    for same in self._kernel_groups():
+      flat = [_flat_kernel(weights[2 * i]) for i in same]
+      kernel, s = store_matrix(_side_by_side(flat, 1), storage)
+      stored += [kernel, _side_by_side([weights[2 * i + 1] for i in same], 0)]
       scales += list(s)
-    return tuple(weights) + tuple(scales)
+    return tuple(stored) + tuple(scales)
 
 
 @gin.configurable(module='terraformer')

@@ -66,9 +66,14 @@ class ModuleConv(tl.Layer):
       length_pad = (f - 1, 0)
     else:
       length_pad = ((f - 1) // 2, f // 2)
-    outputs = [self._convolve(image, i, length_pad).reshape(x.shape)
-               for i in range(len(self._module_kernel_sizes))]
+    outputs = [y.reshape(x.shape)
+               for y in self._convolve_all(image, length_pad)]
     return outputs[0] if len(outputs) == 1 else tuple(outputs)
+
+  def _convolve_all(self, image, length_pad):
+    """[output i for each kernel]: image [B, L, S, M] -> [B, L', S, M]."""
+    return [self._convolve(image, i, length_pad)
+            for i in range(len(self._module_kernel_sizes))]
 
   def _convolve(self, image, i, length_pad):
     """Output i: image [B, L, S, M] -> [B, L', S, M]."""

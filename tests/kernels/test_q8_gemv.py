@@ -136,19 +136,36 @@ def test_q8_matmul_is_the_exact_integer_product(gemv_isa, request, name, t,
   np.testing.assert_array_equal(np.asarray(got), expected.astype(np.float32))
 
 
-@pytest.mark.parametrize('t,s,k,n', SHAPES)
-def test_q8_matmul_equals_numpy_on_random_data(gemv_isa, t, s, k, n):
+# Plus rows of 35 blocks: AVX-512 quantizes 16 blocks at a time (16, 16,
+# 2 and the tail block).
+RANDOM_SHAPES = SHAPES + [(1, 5, 1100, 24)]
+
+
+@pytest.mark.parametrize('g_storage', ['float32', 'int8'])
+@pytest.mark.parametrize('t,s,k,n', RANDOM_SHAPES)
+def test_q8_matmul_equals_numpy_on_random_data(gemv_isa, t, s, k, n,
+                                               g_storage):
   """Random floats: the numpy quantization of x g with the integer products
   summed in float64, within float32 rounding of the sums; every
-  instruction set gives the same bits (the same FMAs in the same order)."""
+  instruction set gives the same bits (the same FMAs in the same order).
+  An int8 g's rows x g8[s] are quantized, their d times g_scale[s]."""
   rng = np.random.default_rng(k + n)
   x = rng.standard_normal((t, k)).astype(np.float32)
   x[:, :3] *= 20  # Outliers: blocks with different scales.
-  g = rng.standard_normal((s, k)).astype(np.float32)
+  x[:, 40:72] = 0  # An all-zero block (d = 0).
+  g_scale = None
+  if g_storage == 'int8':
+    g = rng.integers(-127, 128, (s, k)).astype(np.int8)
+    g_scale = rng.uniform(0.001, 0.01, s).astype(np.float32)
+  else:
+    g = rng.standard_normal((s, k)).astype(np.float32)
   w = rng.integers(-127, 128, (k, n)).astype(np.int8)
   w_scale = rng.uniform(0.5, 2, n).astype(np.float32)
   bias = rng.standard_normal(s * n).astype(np.float32)
-  q, d = _quantize((x[:, None, :] * g[None]).reshape(t * s, k))
+  q, d = _quantize((x[:, None, :] * g[None].astype(np.float32))
+                   .reshape(t * s, k))
+  if g_scale is not None:
+    d = (d.reshape(t, s, -1) * g_scale[None, :, None]).reshape(t * s, -1)
   terms = _block_sums(q, d, w) * w_scale
   expected = terms.sum(1).reshape(t, s * n) + bias
   # float32 sums of <= 12 terms: each rounding within 2^-24 of a partial
@@ -160,7 +177,7 @@ def test_q8_matmul_equals_numpy_on_random_data(gemv_isa, t, s, k, n):
     if kernels.set_gemv_isa(name) != name:
       continue
     got = np.asarray(jax.jit(kernels.q8_matmul)(x, _pack(w), w_scale, g,
-                                                 bias))
+                                                 bias, g_scale))
     assert np.all(np.abs(got - expected) <= tolerance), name
     outputs[name] = got
   for name, got in outputs.items():
@@ -245,6 +262,31 @@ def test_q8_kernel_layers(gemv_isa, make):
   # Two 8-bit roundings per product: a few percent of the outputs' size.
   delta = np.abs(ffi - f32).max()
   assert 0 < delta < 0.03 * np.abs(f32).max()
+
+
+def test_q8_module_conv_runs_same_size_kernels_as_one_product(gemv_isa,
+                                                              monkeypatch):
+  """Sparse QKV's convolutions (module kernels 3, 3, 1; M a multiple of 16):
+  'q8' stores Q's and K's kernels side by side and one tf_q8_matmul computes
+  both, V another; the outputs are those of one product per output (the
+  layout for M not a multiple of 16), bit for bit."""
+  gemv_isa(kernels.GEMV_ISA_NAMES[-1])
+  x = jax.random.normal(jax.random.PRNGKey(6), (1, 1, 64))
+  layer = ModuleConv(4, 16, 3, (3, 3, 1), mode='predict')
+  fused, xla, _, text = _layer_case(layer, x)
+  assert text.count('tf_q8_matmul') == 2
+  stored = kernel_layers.store_weights(layer, layer.weights, 'q8')
+  # Q, K: 3 x 3 x 16 inputs (padded to 160), 2 x 16 outputs; V: 3 x 1 x 16.
+  assert [w.shape for w in stored[:4]] == [(2, 160 // 4, 16, 4), (32,),
+                                           (1, 64 // 4, 16, 4), (16,)]
+  monkeypatch.setattr(kernel_layers.KernelModuleConv, '_kernel_groups',
+                      lambda self: [[0], [1], [2]])
+  alone, _, _, text = _layer_case(
+      ModuleConv(4, 16, 3, (3, 3, 1), mode='predict'), x)
+  assert text.count('tf_q8_matmul') == 3
+  for i in range(3):
+    np.testing.assert_array_equal(fused[i], alone[i])
+    np.testing.assert_allclose(fused[i], xla[i], rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.parametrize('length_pad', [(2, 0), (1, 1), (0, 0)])
