@@ -198,6 +198,40 @@ def xla_ops(data, opts):
   return columns, rows
 
 
+def _operation(group):
+  """A `by_operation` group as a cell: 'tf_q8_matmul (operand shapes) ->
+  output shape' for kernel calls (layouts dropped), else the kind."""
+  m = re.match(r'custom-call (\S+) (\S+)(?: <- (.*))?$', group)
+  if not m:
+    return group
+  out, target, operands = m.groups()
+  strip = lambda text: re.sub(r'\{[\d,]*\}', '', text)
+  return f'{target} ({strip(operands or "")}) -> {strip(out)}'
+
+
+def profile(data, opts):
+  """terraformer-bench --profile_dir --json: per model, its step's wall
+  time (and the part with an operation running), then the operations that
+  took the most time per step (kernel calls by HLO line, the rest by kind),
+  --k of them (default 6), and the others together."""
+  top = opts.k or 6
+  columns = ['model', 'per step', 'calls', 'ms']
+  rows = []
+  for r in data:
+    s = r['summary']
+    rows.append([opts.label(r['name']), 'wall (an operation running)',
+                 f"{s['ops_per_step']:.0f}",
+                 f"{s['wall_ms_per_step']:.2f} ({s['busy_ms_per_step']:.2f})"])
+    groups = s['by_operation']
+    for group, ms, n in groups[:top]:
+      rows.append(['', _operation(group), f'{n:g}', f'{ms:.2f}'])
+    rest = groups[top:]
+    if rest:
+      rows.append(['', 'the others', f'{sum(n for _, _, n in rest):g}',
+                   f'{sum(ms for _, ms, _ in rest):.2f}'])
+  return columns, rows
+
+
 def sweep(data, opts):
   """terraformer-bench --sweep: ms/token of each model per d_model, and the
   speedup of the others over the first."""
@@ -577,6 +611,8 @@ MODES = {
     'agreement': Mode(agreement, 'json',
                       'terraformer-bench --agreement --json'),
     'xla_ops': Mode(xla_ops, 'json', 'terraformer-bench --xla_ops --json'),
+    'profile': Mode(profile, 'json', 'terraformer-bench --profile_dir=DIR '
+                    '--json (with --k: operation rows per model, default 6)'),
     'sweep': Mode(sweep, 'json', 'terraformer-bench --sweep --json'),
     'markdown': Mode(markdown, 'text',
                      "a Markdown table (terraformer-export's table.md)"),

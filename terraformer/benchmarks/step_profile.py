@@ -30,6 +30,9 @@ from terraformer.decoding import step as decode_step
 # `name = shape opcode(...)` of an optimized HLO instruction.
 _HLO_LINE = re.compile(r'^\s*(?:ROOT\s+)?%?([\w.\-]+)\s*=\s*(\S+)\s+([\w\-]+)\(')
 _TARGET = re.compile(r'custom_call_target="([^"]+)"')
+_OPERANDS = re.compile(
+    r'operand_layout_constraints=\{((?:[^{}]|\{[^{}]*\})*)\}')
+_LAYOUT = re.compile(r'\{[\d,]*\}')
 _OP_NAME = re.compile(r'op_name="([^"]+)"')
 # HLO instructions of the entry computation that do no work at run time.
 _FREE_HLO_OPS = ('parameter', 'constant', 'get-tuple-element', 'tuple',
@@ -203,7 +206,9 @@ def kind(op):
 
 
 def hlo_lines(hlo_text):
-  """{instruction name: 'opcode shape [target] (op_name tail)'}."""
+  """{instruction name: 'opcode shape [target [<- operand shapes]] (op_name
+  tail)'}: a kernel's operand shapes (its operand_layout_constraints, without
+  the layouts) tell which layer called it."""
   lines = {}
   for line in (hlo_text or '').splitlines():
     m = _HLO_LINE.match(line)
@@ -215,10 +220,23 @@ def hlo_lines(hlo_text):
     desc = f'{opcode} {shape}'
     if target:
       desc += f' {target.group(1)}'
+      operands = _OPERANDS.search(line)
+      if operands:
+        desc += ' <- ' + _LAYOUT.sub('', operands.group(1))
     if op_name:
       desc += f' ({op_name.group(1).split("/")[-1]})'
     lines[name] = desc
   return lines
+
+
+def _group(op, described):
+  """What `by_operation` sums `op` under: a kernel call's HLO line (target,
+  output and operand shapes: the calls of one kind of layer), else its
+  kind."""
+  desc = described.get(op, '')
+  if ' <- ' in desc or kind(op) == 'ffi_call':
+    return re.sub(r' \([^()]*\)$', '', desc) or kind(op)
+  return kind(op)
 
 
 def summarize(trace_dir, module, steps, window, hlo_text=None, top=10):
@@ -229,8 +247,9 @@ def summarize(trace_dir, module, steps, window, hlo_text=None, top=10):
   ones). Returns a dict: steps, ops_per_step, ms_per_step (self time, all
   threads), wall_ms_per_step (the window's length), busy_ms_per_step (the
   part of it in which an operation of the step runs on some thread),
-  by_kind [(kind, ms/step, ops/step)] and slowest [(op, ms/step, HLO
-  line)].
+  by_kind [(kind, ms/step, ops/step)], by_operation [(kernel calls of one
+  HLO line, or another kind, ms/step, ops/step)] and slowest [(op, ms/step,
+  HLO line)].
   """
   events, marks = operation_events(trace_file(trace_dir), window)
   if window not in marks:
@@ -250,6 +269,10 @@ def summarize(trace_dir, module, steps, window, hlo_text=None, top=10):
     kinds[kind(op)] += t
     kind_ops[kind(op)] += count[op]
   described = hlo_lines(hlo_text)
+  groups, group_ops = collections.Counter(), collections.Counter()
+  for op, t in per_op.items():
+    groups[_group(op, described)] += t
+    group_ops[_group(op, described)] += count[op]
   ms = lambda ns: ns / 1e6 / steps
   return {
       'steps': steps,
@@ -259,6 +282,8 @@ def summarize(trace_dir, module, steps, window, hlo_text=None, top=10):
       'busy_ms_per_step': ms(busy_ns(step_events, spans)),
       'by_kind': [(k, ms(t), kind_ops[k] / steps)
                   for k, t in kinds.most_common()],
+      'by_operation': [(g, ms(t), group_ops[g] / steps)
+                       for g, t in groups.most_common()],
       'slowest': [(op, ms(t), described.get(op, ''))
                   for op, t in per_op.most_common(top)],
   }

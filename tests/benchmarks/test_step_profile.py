@@ -8,7 +8,9 @@ models in tests/benchmarks/test_decode_configs.py (xla_ops).
 import jax
 import jax.numpy as jnp
 
+from terraformer import kernels
 from terraformer.benchmarks import step_profile
+from terraformer.kernels import layers as kernel_layers
 
 
 def test_self_time_subtracts_nested_operations_of_the_same_thread_only():
@@ -60,6 +62,19 @@ def test_hlo_lines_name_the_kernel_target_shape_and_source_op():
   assert 'main.1' not in lines
 
 
+def test_hlo_lines_give_a_kernel_calls_operand_shapes():
+  """Compiled from a real kernel call: its operand_layout_constraints."""
+  assert kernels.available(), kernels.unavailable_reason()
+  packed, scale = kernel_layers.pack_q8(jnp.ones((64, 32)))
+  text = jax.jit(lambda x: kernels.q8_matmul(x, packed, scale)).lower(
+      jnp.ones((1, 64))).compile().as_text()
+  (desc,) = [d for d in step_profile.hlo_lines(text).values()
+             if 'tf_q8_matmul' in d]
+  assert desc == ('custom-call f32[1,32]{1,0} tf_q8_matmul <- f32[1,64], '
+                  'f32[1,64], f32[1], s8[2,16,16,4], f32[32], f32[1] '
+                  '(ffi_call)')
+
+
 def test_op_counts_include_the_branch_a_conditional_runs():
   def f(i, x):
     branches = [lambda x: x + 1.0,
@@ -73,3 +88,15 @@ def test_op_counts_include_the_branch_a_conditional_runs():
   assert counts.get('dot', 0) + counts.get('fusion', 0) >= 3
   entry_only = text[text.index('\nENTRY'):]
   assert ' dot(' not in entry_only.split('\n}')[0]
+
+
+def test_kernel_calls_sum_by_their_hlo_line_other_operations_by_kind():
+  line = lambda n: (f'custom-call f32[1,{n}]{{1,0}} tf_q8_matmul <- f32[1,64], '
+                    f's8[{n // 16},16,16,4] (ffi_call)')
+  described = {'ffi_call.1': line(32), 'ffi_call.2': line(32),
+               'ffi_call.3': line(16), 'add_fusion.3': 'fusion f32[4]{0} (add)'}
+  group = lambda op: step_profile._group(op, described)  # pylint: disable=protected-access
+  assert group('ffi_call.1') == group('ffi_call.2') == line(32)[:-len(' (ffi_call)')]
+  assert group('ffi_call.3') == line(16)[:-len(' (ffi_call)')]
+  assert group('add_fusion.3') == 'fusion'
+  assert group('ffi_call.9') == 'ffi_call'  # No HLO line for it.
