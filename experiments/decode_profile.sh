@@ -12,7 +12,7 @@
 # operand and output shapes, i.e. one kind of layer; other operations by
 # kind), self time summed over threads.
 #
-# Cost: about 0.3 core-hours on the 2-core CPU and ~16 GiB of memory (the
+# Cost: about 0.05 core-hours on the 2-core CPU (2 minutes) and ~16 GiB of memory (the
 # full-depth Terraformer); needs a quiet machine.
 # Short version (1 block, 2 steps, no full-depth run; prints only):
 #   SHORT=1 bash experiments/decode_profile.sh

@@ -253,7 +253,7 @@ def test_record_builds_a_results_file_from_cli_json(tmp_path, capsys):
           ) in _read(str(tmp_path / 'docs' / 'p.md'))
 
 
-def test_a_new_results_file_takes_its_cost_from_the_script_header(tmp_path):
+def test_a_results_file_takes_its_cost_from_the_script_header(tmp_path):
   table = tmp_path / 'table.json'
   table.write_text(json.dumps({'columns': ['n'], 'rows': [[1]]}))
   _write(str(tmp_path / 'experiments' / 'sweep.sh'), '\n'.join([
@@ -268,6 +268,11 @@ def test_a_new_results_file_takes_its_cost_from_the_script_header(tmp_path):
   # Without a script (or a Cost sentence): 'unknown'.
   path = results.record(str(tmp_path), 'other', {'t': str(table)})
   assert json.loads(_read(path))['cost'] == 'unknown'
+  # A rerun after the header changed: the header's new cost.
+  script = tmp_path / 'experiments' / 'sweep.sh'
+  script.write_text(script.read_text().replace('about 0.4', 'about 0.2'))
+  path = results.record(str(tmp_path), 'sweep', {'t': str(table)})
+  assert json.loads(_read(path))['cost'].startswith('about 0.2 core-hours')
 
 
 def test_record_refuses_what_it_cannot_read(tmp_path, capsys):
