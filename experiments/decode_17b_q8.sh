@@ -10,7 +10,7 @@
 # bound; the last line names each model's decode path and
 # the GEMV's instruction set.
 #
-# Cost: about 0.2-0.3 core-hours on the 2-core CPU (5-12 minutes) and ~16 GiB of
+# Cost: about 0.15 core-hours on the 2-core CPU (5 minutes) and ~16 GiB of
 # memory; needs a quiet machine.
 # Short version (1 decoder block, no encoder blocks, 2 tokens, 1 repeat; no
 # results file): SHORT=1 bash experiments/decode_17b_q8.sh

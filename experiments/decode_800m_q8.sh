@@ -8,7 +8,7 @@
 # a 16-token prompt, 3 repeats. The last line names each model's decode path
 # and the GEMV's instruction set.
 #
-# Cost: about 0.1 core-hours on the 2-core CPU; needs a quiet machine.
+# Cost: about 0.02 core-hours on the 2-core CPU (1 minute); needs a quiet machine.
 # Short version (2 tokens, 1 repeat; no results file):
 #   SHORT=1 bash experiments/decode_800m_q8.sh
 # Writes OUT/bench.{txt,json}, OUT/models.json and results/decode_800m_q8.json
