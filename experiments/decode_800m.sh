@@ -8,7 +8,7 @@
 # ms/token, ms per decoder block, bytes read per token and the bound those
 # bytes give at the GEMV bandwidth measured in the run.
 #
-# Cost: about 0.2 core-hours on the 2-core CPU; needs a quiet machine (the
+# Cost: about 0.05 core-hours on the 2-core CPU (2.5 minutes); needs a quiet machine (the
 # ratios move with load: compare them within one run).
 # Short version (2 tokens, 1 repeat; no results file):
 #   SHORT=1 bash experiments/decode_800m.sh
@@ -38,7 +38,8 @@ tabulate speed models "$out/bench.json" \
 record --caption="models=The 800M encoder-decoders (24 + 24 blocks, d_model 1024, \
 vocab 32100) and the Terraformer 800M, XLA path, batch 1, 8 tokens after a \
 16-token prompt, 3 repeats, timed interleaved in one run; bound = bytes read \
-per token / the GEMV bandwidth measured in the run. Speedups are over the \
+per token / the GEMV bandwidth measured after each round of that model's \
+repeats. Speedups are over the \
 dense row, measured (speedup, vs dense) and at the dense model's bound (vs \
 dense bound); paper: Table 1 (sparse FF+QKV) and Table 8 (Terraformer, 1.92x \
 in its caption)."

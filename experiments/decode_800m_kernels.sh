@@ -8,7 +8,7 @@
 # batch 1, 4 tokens after a 16-token prompt, 3 repeats. Bytes per token count
 # the stored types; the last line names each model's decode path and ISA.
 #
-# Cost: about 0.3 core-hours on the 2-core CPU; needs a quiet machine.
+# Cost: about 0.05 core-hours on the 2-core CPU (2.5 minutes); needs a quiet machine.
 # Short version (2 tokens, 1 repeat; no results file):
 #   SHORT=1 bash experiments/decode_800m_kernels.sh
 # Writes OUT/bench.{txt,json}, OUT/models.json and
@@ -30,7 +30,7 @@ timed bench 4 .venv/bin/terraformer-bench \
   --config_file=gin/bench/800m_sparse_ff_qkv_loss_kernels_int8.gin \
   --config=ScalingTransformer.n_encoder_layers=1
 tabulate speed models "$out/bench.json" \
-  --columns='model,ms/token [min-max],ms/block,MB/token,x bound,speedup' \
+  --columns='model,ms/token [min-max],ms/block,MB/token,GB/s,bound ms,x bound,speedup' \
   --label=dense='dense (XLA)' --label=sparse_ff_qkv='sparse FF+QKV, XLA' \
   --label=800m_sparse_ff_qkv_kernels='sparse FF+QKV, kernels' \
   --label=sparse_ff_qkv_loss='sparse FF+QKV+loss, XLA' \
@@ -39,5 +39,9 @@ tabulate speed models "$out/bench.json" \
   --label=800m_sparse_ff_qkv_loss_kernels_int8='sparse FF+QKV+loss, kernels int8' \
   --figure=ff_qkv_kernels='sparse FF+QKV, kernels:speedup' \
   --figure=ff_qkv_loss_int8='sparse FF+QKV+loss, kernels int8:speedup'
-record
+record --caption="models=800M models with one encoder block, XLA and the fused \
+kernels with float32, bf16 and int8 weights, timed in one run; batch 1, 4 \
+tokens after a 16-token prompt, median of 3 repeats, quiet CPU; bound = bytes \
+read per token / the GEMV bandwidth measured after each round of that model's \
+repeats (GB/s: their median); speedup over the dense model (XLA)."
 banner done "outputs in $out"

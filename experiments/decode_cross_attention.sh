@@ -9,7 +9,7 @@
 # (`cross_attention_split_once.enabled=False`: split again at every step).
 # Each row is its own terraformer-bench run, beside its bytes-read bound.
 #
-# Cost: about 0.1 core-hours on the 2-core CPU (4 minutes); needs a quiet machine.
+# Cost: about 0.05 core-hours on the 2-core CPU (2.5 minutes); needs a quiet machine.
 # Short version (2 tokens, 1 repeat; no results file):
 #   SHORT=1 bash experiments/decode_cross_attention.sh
 # Writes OUT/bench_<len>_{split_once,trax}.{txt,json},

@@ -5,13 +5,12 @@
 # layer with float32, bfloat16 and int8 weights, called in turn in one
 # process (median and min over 21 calls); x bound = the median over (weight
 # bytes read / the GEMV bandwidth measured in the same process).
-# `python -m terraformer.benchmarks.kernels` prints the table; it writes no
-# JSON, so results/decode_kernel_layers.json (table layers) is transcribed
-# from its output.
+# `python -m terraformer.benchmarks.kernels --json` prints and writes the
+# rows; the table is made from its JSON.
 #
-# Cost: about 0.1 core-hours on the 2-core CPU; needs a quiet machine.
+# Cost: about 0.01 core-hours on the 2-core CPU (30 seconds); needs a quiet machine.
 # Short version (3 calls each; prints only): SHORT=1 bash experiments/decode_kernel_layers.sh
-# Writes OUT/layers.txt.
+# Writes OUT/layers.txt and OUT/layers.json.
 #   bash experiments/decode_kernel_layers.sh [OUT]
 #   (OUT: runs/experiments/decode_kernel_layers)
 NAME=decode_kernel_layers
@@ -21,5 +20,14 @@ repeats=21
 [[ -n "$SHORT" ]] && repeats=3
 banner "kernel vs XLA per layer, $repeats calls each"
 into "$out/layers.txt" .venv/bin/python -m terraformer.benchmarks.kernels \
-  --repeats="$repeats"
+  --repeats="$repeats" --json="$out/layers.json"
+tabulate kernel_layers layers "$out/layers.json" \
+  --label=800m_loss='800M sparse loss [4,1024] x [1024,8025]' \
+  --label=800m_ff='800M sparse FF block (d_ff 6144, N 64)' \
+  --label=800m_dense_ff='800M dense FF [1024] x [1024,4096]' \
+  --label=17b_loss='17B sparse loss [4,9216] x [9216,8025]' \
+  --label=17b_dense_qkv='17B dense projection [9216] x [9216,9216]' \
+  --figure=loss_17b_q8_vs_xla='17B sparse loss [4,9216] x [9216,8025]:ffi q8 vs xla f32' \
+  --figure=dense_17b_q8_vs_xla='17B dense projection [9216] x [9216,9216]:ffi q8 vs xla f32'
+record --caption=layers="Each layer the kernels replace, one token, random weights: XLA's float32 code and the kernel layer with float32, bfloat16, int8 and q8 weights (q8: int8 activations too; the sparse FF block reads it as int8), called in turn in one process, median of $repeats calls (x bound: the median over the weight bytes read / the GEMV bandwidth measured in the same process); quiet machine."
 banner done "outputs in $out"

@@ -198,6 +198,26 @@ def xla_ops(data, opts):
   return columns, rows
 
 
+def kernel_layers(data, opts):
+  """python -m terraformer.benchmarks.kernels --json: a row per layer
+  (--label names it), the median ms of each variant with its x bound, the
+  bytes each reads, and the last variant against the first (XLA)."""
+  variants = list(dict.fromkeys(r['variant'] for r in data['rows']))
+  cases = list(dict.fromkeys(r['case'] for r in data['rows']))
+  cell = {(r['case'], r['variant']): r for r in data['rows']}
+  columns = (['layer'] + [f'{v} ms (x bound)' for v in variants]
+             + [f'MB read ({" / ".join(variants)})',
+                f'{variants[-1]} vs {variants[0]}'])
+  rows = []
+  for case in cases:
+    got = [cell[case, v] for v in variants]
+    rows.append([opts.label(case)]
+                + [f"{r['median_ms']:.2f} ({r['x_bound']:.2f})" for r in got]
+                + [' / '.join(f"{r['bytes'] / 1e6:.1f}" for r in got),
+                   f"{got[-1]['vs_xla']:.2f}x"])
+  return columns, rows
+
+
 def _operation(group):
   """A `by_operation` group as a cell: 'tf_q8_matmul (operand shapes) ->
   output shape' for kernel calls (layouts dropped), else the kind."""
@@ -611,6 +631,8 @@ MODES = {
     'agreement': Mode(agreement, 'json',
                       'terraformer-bench --agreement --json'),
     'xla_ops': Mode(xla_ops, 'json', 'terraformer-bench --xla_ops --json'),
+    'kernel_layers': Mode(kernel_layers, 'json', 'python -m '
+                          'terraformer.benchmarks.kernels --json'),
     'profile': Mode(profile, 'json', 'terraformer-bench --profile_dir=DIR '
                     '--json (with --k: operation rows per model, default 6)'),
     'sweep': Mode(sweep, 'json', 'terraformer-bench --sweep --json'),

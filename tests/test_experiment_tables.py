@@ -327,6 +327,27 @@ def test_depth_gives_totals_temporaries_and_the_ratio(tmp_path):
   assert table['rows'] == [['8', '286.2', '221.2', '966.1', '903.2', '3.38']]
 
 
+def test_kernel_layers_row_per_layer_with_each_variants_ms_and_bound(
+    tmp_path):
+  row = lambda variant, ms, mb, x_bound, vs: {
+      'case': '17b_loss', 'variant': variant, 'min_ms': ms, 'median_ms': ms,
+      'bytes': mb * 1e6, 'x_bound': x_bound, 'vs_xla': vs}
+  path = _write(tmp_path, 'k.json', {'rows': [
+      row('xla f32', 28.0, 296.1, 2.72, 1.0),
+      row('ffi q8', 3.5, 74.2, 1.35, 8.0)]})
+  code, table, figures = _run(tmp_path, 'kernel_layers', path,
+                              '--label=17b_loss=17B sparse loss',
+                              '--figure=x=17B sparse loss:ffi q8 vs xla f32')
+  assert code == 0
+  assert table['columns'] == ['layer', 'xla f32 ms (x bound)',
+                              'ffi q8 ms (x bound)',
+                              'MB read (xla f32 / ffi q8)',
+                              'ffi q8 vs xla f32']
+  assert table['rows'] == [['17B sparse loss', '28.00 (2.72)', '3.50 (1.35)',
+                            '296.1 / 74.2', '8.00x']]
+  assert figures == ['x=8.00x']
+
+
 def test_profile_rows_are_a_models_wall_time_then_its_costliest_operations(
     tmp_path):
   q8 = ('custom-call f32[1,1,9216]{2,1,0} tf_q8_matmul <- f32[1,1,9216], '

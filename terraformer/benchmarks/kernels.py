@@ -1,6 +1,7 @@
 """Kernel vs XLA timings of the layers the decode kernels replace.
 
   python -m terraformer.benchmarks.kernels [--repeats=21] [--cases=800m_loss,...]
+      [--json=PATH]
 
 Each layer of the 800M / 17B shapes, random weights, one token: XLA's
 predict-mode code (float32) and the kernel layer with float32, bfloat16,
@@ -8,8 +9,10 @@ int8 and q8 weights (q8: int8 activations too, the Q8 GEMV; the sparse FF
 block reads it as int8), called in turn (interleaved, so they share the
 machine's noise); min and median ms over the repeats, and the weight bytes
 a call reads over the GEMV bandwidth measured in the same process (x bound).
+--json writes the rows and the machine (`decode_speed.machine`) too.
 """
 import argparse
+import json
 import time
 
 import jax
@@ -73,12 +76,14 @@ def main(argv=None):
   parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
   parser.add_argument('--repeats', type=int, default=21)
   parser.add_argument('--cases', default=','.join(CASES))
+  parser.add_argument('--json', help='also write the rows to this file')
   args = parser.parse_args(argv)
   if not kernels.available():
     raise SystemExit(f'kernels not available: {kernels.unavailable_reason()}')
   gbps, _ = decode_speed.gemv_bandwidth()
   print(f'kernels: {kernels.set_isa()}, q8 GEMV {kernels.gemv_isa()}; GEMV '
         f'{gbps:.1f} GB/s (median)')
+  rows = []
   for case in args.cases.split(','):
     make, d = CASES[case]
     x = jnp.full((1, 1, d), 0.1, jnp.float32)
@@ -88,9 +93,17 @@ def main(argv=None):
     for k, t in times.items():
       n_bytes = calls[k][1]
       bound = 1e3 * n_bytes / (gbps * 1e9)
-      print(f'{case:<10} {k:<9} min {min(t):8.2f}  median {np.median(t):8.2f}'
-            f' ms  {n_bytes / 1e6:7.1f} MB  x bound {np.median(t) / bound:5.2f}'
-            f'  vs xla {base / np.median(t):5.2f}x', flush=True)
+      median = float(np.median(t))
+      rows.append({'case': case, 'variant': k, 'min_ms': min(t),
+                   'median_ms': median, 'bytes': int(n_bytes),
+                   'x_bound': median / bound, 'vs_xla': float(base / median)})
+      print(f'{case:<10} {k:<9} min {min(t):8.2f}  median {median:8.2f}'
+            f' ms  {n_bytes / 1e6:7.1f} MB  x bound {median / bound:5.2f}'
+            f'  vs xla {base / median:5.2f}x', flush=True)
+  if args.json:
+    with open(args.json, 'w', encoding='utf-8') as f:
+      json.dump({'repeats': args.repeats, 'bandwidth_gbps': gbps,
+                 'machine': decode_speed.machine(), 'rows': rows}, f, indent=2)
 
 
 if __name__ == '__main__':

@@ -586,12 +586,6 @@ void MulBlockScalar(const float* x, const float* g, float* v) {
   for (int64_t i = 0; i < kQ8Block; ++i) v[i] = x[i] * g[i];
 }
 
-TF_VNNI void MulBlockAvx512(const float* x, const float* g, float* v) {
-  _mm512_store_ps(v, _mm512_mul_ps(_mm512_loadu_ps(x), _mm512_loadu_ps(g)));
-  _mm512_store_ps(v + 16, _mm512_mul_ps(_mm512_loadu_ps(x + 16),
-                                        _mm512_loadu_ps(g + 16)));
-}
-
 TF_AVX2 void MulBlockAvx2(const float* x, const float* g, float* v) {
   for (int i = 0; i < 4; ++i) {
     _mm256_store_ps(v + 8 * i, _mm256_mul_ps(_mm256_loadu_ps(x + 8 * i),
@@ -603,14 +597,6 @@ TF_AVX2 void MulBlockAvx2(const float* x, const float* g, float* v) {
 // block's quantization, Q8Quantize).
 void MulBlockS8Scalar(const float* x, const int8_t* g, float* v) {
   for (int64_t i = 0; i < kQ8Block; ++i) v[i] = x[i] * static_cast<float>(g[i]);
-}
-
-TF_VNNI void MulBlockS8Avx512(const float* x, const int8_t* g, float* v) {
-  for (int i = 0; i < 2; ++i) {
-    const __m512 gf = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(
-        _mm_loadu_si128(reinterpret_cast<const __m128i*>(g + 16 * i))));
-    _mm512_store_ps(v + 16 * i, _mm512_mul_ps(_mm512_loadu_ps(x + 16 * i), gf));
-  }
 }
 
 TF_AVX2 void MulBlockS8Avx2(const float* x, const int8_t* g, float* v) {
@@ -732,7 +718,9 @@ void Q8Quantize(ffi::ThreadPool* pool, GemvIsa isa, const float* x, int64_t T,
   auto quantize_row = [=](int64_t r) {
     const int64_t t = r / S, s = r % S;
     alignas(64) float v[kQ8Block];
-    int64_t first = 0;  // Blocks before it are done.
+    // Blocks before `first` are done: on AVX-512 every full block, 16 at a
+    // time (Q8RowAvx512); the partial last block, if any, goes below.
+    int64_t first = 0;
     if (isa == GemvIsa::kAvx512Vnni) {
       first = K / kQ8Block;
       int8_t* q = a->q.data() + r * kp;
@@ -757,13 +745,11 @@ void Q8Quantize(ffi::ThreadPool* pool, GemvIsa isa, const float* x, int64_t T,
         for (int64_t i = n; i < kQ8Block; ++i) v[i] = 0.f;
       } else if (g8b != nullptr) {
         switch (isa) {
-          case GemvIsa::kAvx512Vnni: MulBlockS8Avx512(xb, g8b, v); break;
           case GemvIsa::kAvx2: MulBlockS8Avx2(xb, g8b, v); break;
           default: MulBlockS8Scalar(xb, g8b, v);
         }
       } else {
         switch (isa) {
-          case GemvIsa::kAvx512Vnni: MulBlockAvx512(xb, gb, v); break;
           case GemvIsa::kAvx2: MulBlockAvx2(xb, gb, v); break;
           default: MulBlockScalar(xb, gb, v);
         }

@@ -3,6 +3,8 @@
 Tiny shapes. The library must be built (`pip install -e .`): these tests
 fail, not skip, without it, except the one that removes it on purpose.
 """
+import json
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -190,7 +192,8 @@ def test_fallback_without_library(monkeypatch):
       'xla (kernels not built)')
 
 
-def test_kernel_benchmark_has_a_row_per_variant(monkeypatch, capsys):
+def test_kernel_benchmark_has_a_row_per_variant(monkeypatch, capsys,
+                                               tmp_path):
   """`python -m terraformer.benchmarks.kernels` on a small output layer (2 MB
   of float32 weights): XLA and the kernel with float32, bfloat16 and int8
   weights, each with the bytes it reads (smaller storage, fewer bytes)."""
@@ -199,10 +202,18 @@ def test_kernel_benchmark_has_a_row_per_variant(monkeypatch, capsys):
   _require_kernels()
   monkeypatch.setitem(kernel_bench.CASES, 'tiny', (
       lambda: MultiplicativeDense(4, 2048, use_bias=True), 256))
-  kernel_bench.main(['--cases=tiny', '--repeats=1'])
+  out = tmp_path / 'layers.json'
+  kernel_bench.main(['--cases=tiny', '--repeats=1', f'--json={out}'])
   rows = [line.split() for line in capsys.readouterr().out.splitlines()
           if line.startswith('tiny ')]
   assert [' '.join(r[1:3]) for r in rows] == [
       name for name, _ in kernel_bench.VARIANTS]
   megabytes = {' '.join(r[1:3]): float(r[r.index('MB') - 1]) for r in rows}
   assert megabytes['ffi int8'] < megabytes['ffi bf16'] < megabytes['ffi f32']
+  # --json: the same rows, and the machine.
+  written = json.loads(out.read_text())
+  assert [r['variant'] for r in written['rows']] == [' '.join(r[1:3])
+                                                      for r in rows]
+  assert [round(r['bytes'] / 1e6, 1) for r in written['rows']] == [
+      megabytes[r['variant']] for r in written['rows']]
+  assert written['machine']['gemv_isa'] == kernels.gemv_isa()
