@@ -6,7 +6,7 @@
 # 4, 8 modules (gin/bench/loss_sparsity_S.gin), timed in one run; random
 # weights, batch 1, 16 tokens after a 16-token prompt, 3 repeats.
 #
-# Cost: about 0.3 core-hours on the 2-core CPU; needs a quiet machine.
+# Cost: about 0.1 core-hours on the 2-core CPU (4.5 minutes); needs a quiet machine.
 # Short version (2 tokens, 1 repeat; no results file):
 #   SHORT=1 bash experiments/decode_800m_sparsity.sh
 # Writes OUT/bench.{txt,json}, OUT/sparsity.json and
@@ -35,6 +35,13 @@ tabulate speed sparsity "$out/bench.json" "${labels[@]}" \
   --columns='model,ms/token,MB/token,x bound,speedup,per block' \
   --paper=dense='0.160 s' --paper=loss_sparsity_2='0.158 s (1.01x)' \
   --paper=loss_sparsity_4='0.149 s (1.07x)' \
-  --paper=loss_sparsity_8='0.148 s (1.08x)'
-record
+  --paper=loss_sparsity_8='0.148 s (1.08x)' \
+  --figure=ff_n64='FF N=64:speedup' --figure=loss_s4='loss S=4:speedup'
+record --caption="sparsity=Tables 2 and 7: the 800M dense encoder-decoder \
+with sparse FF of N units per block or a sparse loss of S modules, XLA path, \
+batch 1, 16 tokens after a 16-token prompt, 3 repeats, all in one run; bound = \
+bytes read per token / the GEMV bandwidth measured after each round of that \
+model's repeats. Paper: decoding seconds per token (Table 7; Table 2 gives a \
+steady decrease with N)."
+
 banner done "outputs in $out"

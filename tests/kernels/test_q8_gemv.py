@@ -84,10 +84,11 @@ def _block_sums(q, d, w):
 
 # (T, S, K, N): K and N not multiples of 32 / 16 (tails of a block and of a
 # group), one block (K < 32), one group (N = 16), 13 rows (AVX-512: a pass of
-# 8 and one of 5; AVX2: six passes of 2 and one of 1). 'split': rows are
-# also quantized in chunks over the pool.
+# 8 and one of 5; AVX2: six passes of 2 and one of 1), 18 rows (from 16 rows
+# 'split' also splits the rows: rows 0-15 and 16-17 of each group). 'split':
+# rows are also quantized in chunks over the pool.
 SHAPES = [(1, 1, 37, 21), (1, 1, 300, 33), (2, 3, 45, 16), (1, 13, 70, 5),
-          (3, 1, 20, 50)]
+          (3, 1, 20, 50), (2, 9, 70, 40)]
 
 
 @pytest.mark.parametrize('g_storage', ['float32', 'int8'])
