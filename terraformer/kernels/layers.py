@@ -379,10 +379,17 @@ class KernelModuleConv(_KernelMixin, ModuleConv):
                              self._module_kernel_sizes[same[0]], length_pad)
       if self._ffi(int(np.prod(patches.shape[:-1]))):
         y = kernels.q8_matmul(patches, kernel, scale, None, bias)
-      else:
-        y = q8_product(patches, kernel, scale) + bias
+        for n, i in enumerate(same):
+          outputs[i] = y[..., n * m:(n + 1) * m]
+        continue
+      # XLA: one product per output, as XLA sums an output's products in
+      # an order that depends on the product's width.
+      packed_rows = kernel.shape[0] // len(same)  # An output's in `kernel`.
       for n, i in enumerate(same):
-        outputs[i] = y[..., n * m:(n + 1) * m]
+        part = slice(n * m, (n + 1) * m)
+        outputs[i] = q8_product(
+            patches, kernel[n * packed_rows:(n + 1) * packed_rows],
+            scale[part]) + bias[part]
     return outputs
 
   def store(self, weights, storage, store_matrix=_store):

@@ -270,7 +270,9 @@ def test_q8_module_conv_runs_same_size_kernels_as_one_product(gemv_isa,
   """Sparse QKV's convolutions (module kernels 3, 3, 1; M a multiple of 16):
   'q8' stores Q's and K's kernels side by side and one tf_q8_matmul computes
   both, V another; the outputs are those of one product per output (the
-  layout for M not a multiple of 16), bit for bit."""
+  layout for M not a multiple of 16), bit for bit, on the kernel's path and
+  on XLA's (which multiplies each output apart: XLA's sums depend on the
+  product's width, and a prompt runs that path)."""
   gemv_isa(kernels.GEMV_ISA_NAMES[-1])
   x = jax.random.normal(jax.random.PRNGKey(6), (1, 1, 64))
   layer = ModuleConv(4, 16, 3, (3, 3, 1), mode='predict')
@@ -282,11 +284,12 @@ def test_q8_module_conv_runs_same_size_kernels_as_one_product(gemv_isa,
                                            (1, 64 // 4, 16, 4), (16,)]
   monkeypatch.setattr(kernel_layers.KernelModuleConv, '_kernel_groups',
                       lambda self: [[0], [1], [2]])
-  alone, _, _, text = _layer_case(
+  alone, xla_alone, _, text = _layer_case(
       ModuleConv(4, 16, 3, (3, 3, 1), mode='predict'), x)
   assert text.count('tf_q8_matmul') == 3
   for i in range(3):
     np.testing.assert_array_equal(fused[i], alone[i])
+    np.testing.assert_array_equal(xla[i], xla_alone[i])
     np.testing.assert_allclose(fused[i], xla[i], rtol=1e-5, atol=1e-5)
 
 
