@@ -401,8 +401,9 @@ def record(root, name, tables, figures=None, captions=None, columns=None,
       'tables': {}, 'figures': {}}
   measured = {'date': (today or datetime.date.today()).isoformat(),
               **(this_machine or machine())}
-  if cost is None and header_cost(root, name) != 'unknown':
-    cost = header_cost(root, name)  # The script's header, as it is now.
+  if cost is None:
+    header = header_cost(root, name)  # The script's header, as it is now.
+    cost = None if header == 'unknown' else header
   for key, value in (('command', command), ('short_command', short_command),
                      ('cost', cost)):
     if value is not None:

@@ -264,26 +264,25 @@ def summarize(trace_dir, module, steps, window, hlo_text=None, top=10):
       count[e[1]] += 1
   if not per_op:
     raise ValueError(f'no operation of module {module} in the trace')
-  kinds, kind_ops = collections.Counter(), collections.Counter()
-  for op, t in per_op.items():
-    kinds[kind(op)] += t
-    kind_ops[kind(op)] += count[op]
   described = hlo_lines(hlo_text)
-  groups, group_ops = collections.Counter(), collections.Counter()
-  for op, t in per_op.items():
-    groups[_group(op, described)] += t
-    group_ops[_group(op, described)] += count[op]
   ms = lambda ns: ns / 1e6 / steps
+
+  def summed_by(key):
+    """[(key, ms/step, ops/step)] of the operations, most time first."""
+    time, ops = collections.Counter(), collections.Counter()
+    for op, t in per_op.items():
+      time[key(op)] += t
+      ops[key(op)] += count[op]
+    return [(k, ms(t), ops[k] / steps) for k, t in time.most_common()]
+
   return {
       'steps': steps,
       'ops_per_step': sum(count.values()) / steps,
       'ms_per_step': ms(sum(per_op.values())),
       'wall_ms_per_step': ms(sum(b - a for a, b in spans)),
       'busy_ms_per_step': ms(busy_ns(step_events, spans)),
-      'by_kind': [(k, ms(t), kind_ops[k] / steps)
-                  for k, t in kinds.most_common()],
-      'by_operation': [(g, ms(t), group_ops[g] / steps)
-                       for g, t in groups.most_common()],
+      'by_kind': summed_by(kind),
+      'by_operation': summed_by(lambda op: _group(op, described)),
       'slowest': [(op, ms(t), described.get(op, ''))
                   for op, t in per_op.most_common(top)],
   }
