@@ -444,6 +444,156 @@ void Axpy(Isa isa, float a, const W* w, float* y, int64_t n) {
 }
 
 // ---------------------------------------------------------------------------
+// The sparse FF step's rows, kFFRows at a time: each row's dot product (or
+// axpy) is the same sequence of operations as Dot (Axpy) on it alone, so
+// the results have the same bits; the rows' independent chains keep the FMA
+// units busy and kFFRows row reads in flight (the rows are scattered: each
+// one a new stream for the hardware prefetcher), and `next` (the rows of
+// the following pass, when known) is prefetched a cache line at a time
+// alongside.
+
+constexpr int kFFRows = 4;
+
+template <typename W>
+inline void PrefetchLine(const W* const* next, int n_next, int64_t i) {
+  // One line per row every 64 bytes of W.
+  if ((i * static_cast<int64_t>(sizeof(W))) % 64 == 0) {
+    for (int j = 0; j < n_next; ++j) {
+      _mm_prefetch(reinterpret_cast<const char*>(next[j] + i), _MM_HINT_T0);
+    }
+  }
+}
+
+template <typename W>
+TF_AVX512 void DotRowsAvx512(const W* const* w, int n_rows,
+                             const W* const* next, int n_next,
+                             const float* x, int64_t n, float* out) {
+  __m512 acc[kFFRows];
+  for (int j = 0; j < kFFRows; ++j) acc[j] = _mm512_setzero_ps();
+  for (int64_t i = 0; i < n; i += 16) {
+    __mmask16 m = i + 16 <= n ? 0xFFFF : (__mmask16)((1u << (n - i)) - 1);
+    const __m512 xv = _mm512_maskz_loadu_ps(m, x + i);
+    for (int j = 0; j < n_rows; ++j) {
+      acc[j] = _mm512_fmadd_ps(load16(w[j] + i, m), xv, acc[j]);
+    }
+    PrefetchLine(next, n_next, i);
+  }
+  for (int j = 0; j < n_rows; ++j) out[j] = _mm512_reduce_add_ps(acc[j]);
+}
+
+template <typename W>
+TF_AVX512 void AxpyRowsAvx512(const float* a, const W* const* w, int n_rows,
+                              const W* const* next, int n_next, float* y,
+                              int64_t n) {
+  __m512 va[kFFRows];
+  for (int j = 0; j < n_rows; ++j) va[j] = _mm512_set1_ps(a[j]);
+  for (int64_t i = 0; i < n; i += 16) {
+    __mmask16 m = i + 16 <= n ? 0xFFFF : (__mmask16)((1u << (n - i)) - 1);
+    __m512 acc = _mm512_maskz_loadu_ps(m, y + i);
+    for (int j = 0; j < n_rows; ++j) {
+      acc = _mm512_fmadd_ps(va[j], load16(w[j] + i, m), acc);
+    }
+    _mm512_mask_storeu_ps(y + i, m, acc);
+    PrefetchLine(next, n_next, i);
+  }
+}
+
+template <typename W>
+TF_AVX2 void DotRowsAvx2(const W* const* w, int n_rows, const W* const* next,
+                         int n_next, const float* x, int64_t n, float* out) {
+  __m256 acc[kFFRows];
+  for (int j = 0; j < kFFRows; ++j) acc[j] = _mm256_setzero_ps();
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    const __m256 xv = _mm256_loadu_ps(x + i);
+    for (int j = 0; j < n_rows; ++j) {
+      acc[j] = _mm256_fmadd_ps(load8(w[j] + i), xv, acc[j]);
+    }
+    PrefetchLine(next, n_next, i);
+  }
+  for (int j = 0; j < n_rows; ++j) {
+    float lanes[8];
+    _mm256_storeu_ps(lanes, acc[j]);
+    float s = 0.f;
+    for (float l : lanes) s += l;
+    for (int64_t t = i; t < n; ++t) s += to_f32(w[j][t]) * x[t];
+    out[j] = s;
+  }
+}
+
+template <typename W>
+TF_AVX2 void AxpyRowsAvx2(const float* a, const W* const* w, int n_rows,
+                          const W* const* next, int n_next, float* y,
+                          int64_t n) {
+  __m256 va[kFFRows];
+  for (int j = 0; j < n_rows; ++j) va[j] = _mm256_set1_ps(a[j]);
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    __m256 acc = _mm256_loadu_ps(y + i);
+    for (int j = 0; j < n_rows; ++j) {
+      acc = _mm256_fmadd_ps(va[j], load8(w[j] + i), acc);
+    }
+    _mm256_storeu_ps(y + i, acc);
+    PrefetchLine(next, n_next, i);
+  }
+  for (int j = 0; j < n_rows; ++j) {
+    for (int64_t t = i; t < n; ++t) y[t] += a[j] * to_f32(w[j][t]);
+  }
+}
+
+template <typename W>
+void DotRows(Isa isa, const W* const* w, int n_rows, const W* const* next,
+             int n_next, const float* x, int64_t n, float* out) {
+  if (isa == Isa::kAvx512) return DotRowsAvx512(w, n_rows, next, n_next, x, n, out);
+  if (isa == Isa::kAvx2) return DotRowsAvx2(w, n_rows, next, n_next, x, n, out);
+  for (int j = 0; j < n_rows; ++j) out[j] = Dot(isa, w[j], x, n);
+}
+
+template <typename W>
+void AxpyRows(Isa isa, const float* a, const W* const* w, int n_rows,
+              const W* const* next, int n_next, float* y, int64_t n) {
+  if (isa == Isa::kAvx512) return AxpyRowsAvx512(a, w, n_rows, next, n_next, y, n);
+  if (isa == Isa::kAvx2) return AxpyRowsAvx2(a, w, n_rows, next, n_next, y, n);
+  for (int j = 0; j < n_rows; ++j) Axpy(isa, a[j], w[j], y, n);
+}
+
+// First index of the largest v[j] = l[j] + c[j], j < n (jnp.argmax's choice).
+inline int64_t BlockArgmaxScalar(const float* l, const float* c, int64_t n) {
+  int64_t best = 0;
+  float best_v = l[0] + c[0];
+  for (int64_t j = 1; j < n; ++j) {
+    float v = l[j] + c[j];
+    if (v > best_v) best_v = v, best = j;
+  }
+  return best;
+}
+
+TF_AVX512 int64_t BlockArgmaxAvx512(const float* l, const float* c, int64_t n) {
+  __m512 mx = _mm512_set1_ps(-INFINITY);
+  for (int64_t j = 0; j < n; j += 16) {
+    __mmask16 m = j + 16 <= n ? 0xFFFF : (__mmask16)((1u << (n - j)) - 1);
+    const __m512 v = _mm512_add_ps(_mm512_maskz_loadu_ps(m, l + j),
+                                   _mm512_maskz_loadu_ps(m, c + j));
+    mx = _mm512_mask_max_ps(mx, m, mx, v);
+  }
+  const float best_v = _mm512_reduce_max_ps(mx);
+  const __m512 bv = _mm512_set1_ps(best_v);
+  for (int64_t j = 0; j < n; j += 16) {
+    __mmask16 m = j + 16 <= n ? 0xFFFF : (__mmask16)((1u << (n - j)) - 1);
+    const __m512 v = _mm512_add_ps(_mm512_maskz_loadu_ps(m, l + j),
+                                   _mm512_maskz_loadu_ps(m, c + j));
+    const __mmask16 hit = _mm512_mask_cmp_ps_mask(m, v, bv, _CMP_EQ_OQ);
+    if (hit) return j + __builtin_ctz(hit);
+  }
+  return BlockArgmaxScalar(l, c, n);  // NaNs: the scalar rule.
+}
+
+inline int64_t BlockArgmax(Isa isa, const float* l, const float* c, int64_t n) {
+  return isa == Isa::kAvx512 ? BlockArgmaxAvx512(l, c, n)
+                             : BlockArgmaxScalar(l, c, n);
+}
+
+// ---------------------------------------------------------------------------
 // The Q8 GEMV (decode_options.weights = 'q8'): int8 weights times int8
 // activations, for the one-row (or few-row) products of a decoding step,
 // which read every weight once and are bound by memory bandwidth.
@@ -712,9 +862,11 @@ void Q8Quantize(ffi::ThreadPool* pool, GemvIsa isa, const float* x, int64_t T,
   a->rows = T * S;
   a->kp = kp;
   a->nb = kp / kQ8Block;
-  a->q.assign(a->rows * kp, 0);
-  a->d.assign(a->rows * a->nb, 0.f);
-  a->off.assign(a->rows * a->nb, 0);
+  // Every block is written below (a partial last block with its zeros):
+  // no clearing, and a reused `a` keeps its memory.
+  a->q.resize(a->rows * kp);
+  a->d.resize(a->rows * a->nb);
+  a->off.resize(a->rows * a->nb);
   auto quantize_row = [=](int64_t r) {
     const int64_t t = r / S, s = r % S;
     alignas(64) float v[kQ8Block];
@@ -961,7 +1113,11 @@ void Q8Matmul(ffi::ThreadPool* pool, const float* x, int64_t T,
               int64_t n_groups, int64_t kp, const Q8Out& o,
               const int8_t* g8 = nullptr, const float* g_scale = nullptr) {
   const GemvIsa isa = CurrentGemvIsa();
-  Q8Act a;
+  // The caller's buffers, reused from call to call (no allocation, no page
+  // faults); helpers read them through this reference (a lambda naming the
+  // thread_local itself would find the helper thread's own).
+  thread_local Q8Act caller_act;
+  Q8Act& a = caller_act;
   Q8Quantize(pool, isa, x, T, g, S, K, kp, &a, g8, g_scale);
   // Multiply-adds: bytes of P times rows.
   const bool parallel =
@@ -1094,7 +1250,18 @@ ffi::Error SparseFFImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x,
   std::vector<float> low(T * r), logits(T * F);
   Isa isa = CurrentIsa();
   // Controller: (x C1) C2 + c, never the d x F product C1 C2.
-  Matmul<float>(nullptr, xp, T, d, c1.typed_data(), r, low.data(), r);
+  // Few rows: the columns of C1 in two halves over the pool (more reads in
+  // flight; each column's sum is the same).
+  const int64_t half = r / 2 / 16 * 16;
+  if (T < kManyRows && half > 0 &&
+      d * r * static_cast<int64_t>(sizeof(float)) >= g_parallel_bytes.load()) {
+    ParallelFor(&pool, 2, [&](int64_t c) {
+      Panel(isa, xp, T, d, c1.typed_data(), r, low.data(), r,
+            c == 0 ? 0 : half, c == 0 ? half : r);
+    });
+  } else {
+    Matmul<float>(nullptr, xp, T, d, c1.typed_data(), r, low.data(), r);
+  }
   if (q8_controller) {
     const std::vector<float> ones(r, 1.f);
     Q8Out o{c2_scale.typed_data(), nullptr, 1, F, logits.data()};
@@ -1129,17 +1296,42 @@ ffi::Error SparseFFImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x,
       std::fill(partial.begin(), partial.end(), 0.f);
       ParallelFor(parallel ? &pool : nullptr, n_chunks, [&](int64_t c) {
         float* yc = partial.data() + c * d;
-        for (int64_t k = c * per_chunk;
-             k < std::min(n_blocks, (c + 1) * per_chunk); ++k) {
-          // First maximum of the block (jnp.argmax's choice).
-          int64_t best = k * block;
-          float best_v = lt[best] + cbp[best];
-          for (int64_t j = best + 1; j < (k + 1) * block; ++j) {
-            float v = lt[j] + cbp[j];
-            if (v > best_v) best_v = v, best = j;
+        const int64_t k0 = c * per_chunk;
+        const int64_t k1 = std::min(n_blocks, (c + 1) * per_chunk);
+        if (k0 >= k1) return;
+        // The chunk's rows: one per block (its first maximum), then their
+        // W1ᵀ dot products, then the W2 rows that the ReLU passes, in
+        // block order (each row's sum into yc as Axpy alone gives).
+        std::vector<const W*> w1_rows(k1 - k0), w2_rows;
+        std::vector<float> h(k1 - k0), a;
+        std::vector<int64_t> rows(k1 - k0);
+        for (int64_t k = k0; k < k1; ++k) {
+          rows[k - k0] =
+              k * block + BlockArgmax(isa, lt + k * block, cbp + k * block, block);
+          w1_rows[k - k0] = w1p + rows[k - k0] * d;
+        }
+        const int64_t n = k1 - k0;
+        for (int64_t i = 0; i < n; i += kFFRows) {
+          const int m = static_cast<int>(std::min<int64_t>(kFFRows, n - i));
+          const int m_next =
+              static_cast<int>(std::min<int64_t>(kFFRows, n - i - m));
+          DotRows(isa, w1_rows.data() + i, m, w1_rows.data() + i + m, m_next,
+                  xt, d, h.data() + i);
+        }
+        for (int64_t i = 0; i < n; ++i) {
+          const float hi = s1p[rows[i]] * h[i];
+          if (hi > 0.f) {
+            a.push_back(hi * s2p[rows[i]]);
+            w2_rows.push_back(w2p + rows[i] * d);
           }
-          float h = s1p[best] * Dot(isa, w1p + best * d, xt, d);
-          if (h > 0.f) Axpy(isa, h * s2p[best], w2p + best * d, yc, d);
+        }
+        const int64_t n2 = static_cast<int64_t>(w2_rows.size());
+        for (int64_t i = 0; i < n2; i += kFFRows) {
+          const int m = static_cast<int>(std::min<int64_t>(kFFRows, n2 - i));
+          const int m_next =
+              static_cast<int>(std::min<int64_t>(kFFRows, n2 - i - m));
+          AxpyRows(isa, a.data() + i, w2_rows.data() + i, m,
+                   w2_rows.data() + i + m, m_next, yc, d);
         }
       });
       float* yt = yp + t * d;

@@ -67,12 +67,16 @@ def test_skinny_matmul_equals_numpy(isa, request, name, dtype, t, s, k, n,
   np.testing.assert_allclose(np.asarray(got), expected, rtol=1e-5, atol=1e-5)
 
 
+# d_ff 96: 12 blocks of 8, 3 per chunk (fewer than the 4 rows the kernel
+# reads at a time); 320: 40 blocks, 10 per chunk (4 + 4 + 2 rows, the next
+# rows prefetched), and C1's 32 columns (split in halves over the pool).
+@pytest.mark.parametrize('d_ff,d_lowrank', [(96, 4), (320, 32)])
 @pytest.mark.parametrize('parallel', [False, True], ids=['serial', 'split'])
 @pytest.mark.parametrize('name', kernels.ISA_NAMES)
 @pytest.mark.parametrize('storage', ['int8', 'q8'])
 def test_sparse_ff_kernel_equals_xla_layer(isa, request, name, parallel,
-                                           storage):
-  """The sparse FF step (12 blocks of 8, in chunks of blocks that run on
+                                           storage, d_ff, d_lowrank):
+  """The sparse FF step (blocks of 8, in chunks of blocks that run on
   one thread or split over the pool) equals the XLA layer; int8 rows equal
   XLA on the dequantized rows ('q8': and the controller's C2 packed, its
   product quantized as `q8_product` does), with the same bits serial or
@@ -80,7 +84,8 @@ def test_sparse_ff_kernel_equals_xla_layer(isa, request, name, parallel,
   _isa_or_skip(isa, name)
   if parallel:
     request.getfixturevalue('split_every_product')
-  layer = SparseFF(96, n_elements_in_block=8, d_lowrank=4, mode='predict')
+  layer = SparseFF(d_ff, n_elements_in_block=8, d_lowrank=d_lowrank,
+                   mode='predict')
   x = jax.random.normal(jax.random.PRNGKey(3), (1, 2, 40))
   weights, state = layer.init(shapes.signature(x), rng=jax.random.PRNGKey(4))
   expected = layer(x)
