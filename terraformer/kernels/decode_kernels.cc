@@ -943,10 +943,17 @@ inline int32_t Load4(const int8_t* p) {
   return v;
 }
 
-// Rows [r0, r0 + RB) of `a` times the 16 outputs of group gi (weights pg).
+// Bytes ahead of the weights being multiplied that a group's first pass
+// prefetches (the following groups' weights past its end): with 4 rows
+// (the 17B sparse loss's product, 74 MB) one thread streamed 17 GB/s
+// without it, 21 GB/s with it; 1 row 26.5 -> 27.5 GB/s.
+constexpr int64_t kQ8Ahead = 4096;
+
+// Rows [r0, r0 + RB) of `a` times the 16 outputs of group gi (weights pg);
+// `prefetch` on the group's first pass (later ones read it from cache).
 template <int RB>
 TF_VNNI inline void Q8GroupVnni(const Q8Act& a, int64_t r0, const int8_t* pg,
-                                const Q8Out& o, int64_t gi) {
+                                const Q8Out& o, int64_t gi, bool prefetch) {
   const __m512i flip = _mm512_set1_epi8(static_cast<char>(0x80));
   const int8_t* xq[RB];
   for (int r = 0; r < RB; ++r) xq[r] = a.q.data() + (r0 + r) * a.kp;
@@ -959,6 +966,10 @@ TF_VNNI inline void Q8GroupVnni(const Q8Act& a, int64_t r0, const int8_t* pg,
       dot[r] = _mm512_set1_epi32(a.off[(r0 + r) * a.nb + b]);
     }
     for (int64_t s = 0; s < kQ8Steps; ++s) {
+      if (prefetch) {
+        _mm_prefetch(reinterpret_cast<const char*>(pb + 64 * s + kQ8Ahead),
+                     _MM_HINT_T0);
+      }
       const __m512i w = _mm512_xor_si512(_mm512_loadu_si512(pb + 64 * s), flip);
       for (int r = 0; r < RB; ++r) {
         const __m512i xb = _mm512_set1_epi32(Load4(xq[r] + b * kQ8Block + 4 * s));
@@ -989,15 +1000,16 @@ TF_VNNI void Q8RangeVnni(const Q8Act& a, const int8_t* p, const Q8Out& o,
   for (int64_t gi = g0; gi < g1; ++gi) {
     const int8_t* pg = p + gi * a.kp * kQ8Rows;
     for (int64_t r0 = row0; r0 < row1; r0 += kQ8RowsVnni) {
+      const bool first = r0 == row0;
       switch (std::min<int64_t>(kQ8RowsVnni, row1 - r0)) {
-        case 1: Q8GroupVnni<1>(a, r0, pg, o, gi); break;
-        case 2: Q8GroupVnni<2>(a, r0, pg, o, gi); break;
-        case 3: Q8GroupVnni<3>(a, r0, pg, o, gi); break;
-        case 4: Q8GroupVnni<4>(a, r0, pg, o, gi); break;
-        case 5: Q8GroupVnni<5>(a, r0, pg, o, gi); break;
-        case 6: Q8GroupVnni<6>(a, r0, pg, o, gi); break;
-        case 7: Q8GroupVnni<7>(a, r0, pg, o, gi); break;
-        default: Q8GroupVnni<8>(a, r0, pg, o, gi);
+        case 1: Q8GroupVnni<1>(a, r0, pg, o, gi, first); break;
+        case 2: Q8GroupVnni<2>(a, r0, pg, o, gi, first); break;
+        case 3: Q8GroupVnni<3>(a, r0, pg, o, gi, first); break;
+        case 4: Q8GroupVnni<4>(a, r0, pg, o, gi, first); break;
+        case 5: Q8GroupVnni<5>(a, r0, pg, o, gi, first); break;
+        case 6: Q8GroupVnni<6>(a, r0, pg, o, gi, first); break;
+        case 7: Q8GroupVnni<7>(a, r0, pg, o, gi, first); break;
+        default: Q8GroupVnni<8>(a, r0, pg, o, gi, first);
       }
     }
   }
