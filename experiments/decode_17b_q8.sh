@@ -8,14 +8,17 @@
 # model, the dense int8 one; `vs dense` against the dense model of the same
 # storage (Q8 or int8), `vs dense bound` against that model at its bytes
 # bound; the last line names each model's decode path and
-# the GEMV's instruction set.
+# the GEMV's instruction set. Then the Q8 models again with the kernels
+# forced to their AVX2 paths (TERRAFORMER_ISA=avx2 TERRAFORMER_GEMV_ISA=avx2:
+# maddubs + madd instead of vpdpbusd), what an AVX2-only host runs.
 #
-# Cost: about 0.15 core-hours on the 2-core CPU (5 minutes) and ~16 GiB of
+# Cost: about 0.25 core-hours on the 2-core CPU (8 minutes) and ~16 GiB of
 # memory; needs a quiet machine.
 # Short version (1 decoder block, no encoder blocks, 2 tokens, 1 repeat; no
 # results file): SHORT=1 bash experiments/decode_17b_q8.sh
-# Writes OUT/bench.{txt,json}, OUT/models.json and results/decode_17b_q8.json
-# (table models). Rerunning reuses OUT/bench.txt (delete it to re-time).
+# Writes OUT/bench{,_avx2}.{txt,json}, OUT/models{,_avx2}.json and
+# results/decode_17b_q8.json (tables models, models_avx2). Rerunning reuses
+# OUT/bench*.txt (delete them to re-time).
 #   bash experiments/decode_17b_q8.sh [OUT]  (OUT: runs/experiments/decode_17b_q8)
 NAME=decode_17b_q8
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
@@ -46,5 +49,19 @@ tabulate speed models "$out/bench.json" \
   --figure=terraformer_q8_x_bound='Terraformer 17B, Q8:x bound' \
   --figure=terraformer_q8_vs_dense='Terraformer 17B, Q8:vs dense' \
   --figure=terraformer_q8_vs_dense_bound='Terraformer 17B, Q8:vs dense bound'
-record --caption=models="The 17B models at full depth (6 + 6 blocks) with the fused kernels: int8 weights with float activations beside the Q8 GEMV (int8 weights packed for the one-row product, int8 activations); batch 1, 4 tokens after a 16-token prompt, median of 3 repeats, quiet CPU; bound = bytes read per token / the GEMV bandwidth measured after each round of that model's repeats (GB/s: their median); speedup against the dense int8 model of the same run. Sparse rows store their sparse FF in int8 rows either way."
+banner "17B, Q8 GEMV, the kernels' AVX2 paths, full depth, one model at a time"
+TERRAFORMER_ISA=avx2 TERRAFORMER_GEMV_ISA=avx2 timed bench_avx2 4 \
+  .venv/bin/terraformer-bench \
+  --config_file=gin/bench/17b_dense_kernels_q8.gin \
+  --config_file=gin/bench/17b_sparse_ff_qkv_loss_kernels_q8.gin \
+  --config_file=gin/bench/terraformer_17b_kernels_q8.gin \
+  ${depth[@]+"${depth[@]}"}
+tabulate speed models_avx2 "$out/bench_avx2.json" \
+  --columns='model,ms/token [min-max],ms/block,MB/token,GB/s,bound ms,x bound,vs dense,vs dense bound' \
+  --label=17b_dense_kernels_q8='dense, Q8 (AVX2)' \
+  --label=17b_sparse_ff_qkv_loss_kernels_q8='sparse FF+QKV+loss, Q8 (AVX2)' \
+  --label=terraformer_17b_kernels_q8='Terraformer 17B, Q8 (AVX2)' \
+  --figure=terraformer_avx2_ms='Terraformer 17B, Q8 (AVX2):ms/token [min-max]' \
+  --figure=terraformer_avx2_x_bound='Terraformer 17B, Q8 (AVX2):x bound'
+record --caption=models_avx2="The Q8 models of the table above with the kernels forced to their AVX2 paths (maddubs + madd for the Q8 GEMV, 8-wide float dot products), what an AVX2-only host runs, on this AVX-512 CPU: same run, same conditions; vs dense: against the dense Q8 model on the same paths." --caption=models="The 17B models at full depth (6 + 6 blocks) with the fused kernels: int8 weights with float activations beside the Q8 GEMV (int8 weights packed for the one-row product, int8 activations); batch 1, 4 tokens after a 16-token prompt, median of 3 repeats, quiet CPU; bound = bytes read per token / the GEMV bandwidth measured after each round of that model's repeats (GB/s: their median); speedup against the dense int8 model of the same run. Sparse rows store their sparse FF in int8 rows either way."
 banner done "outputs in $out"

@@ -15,8 +15,10 @@ path: importing this package never needs the library.
 
 The kernels pick their instruction set at run time: `set_isa` / the float
 kernels ('scalar', 'avx2', 'avx512'), `gemv_isa` / `set_gemv_isa` the Q8
-GEMV ('scalar', 'avx2', 'avx512vnni'; the environment variable
-TERRAFORMER_GEMV_ISA, read when the library loads, forces one too).
+GEMV ('scalar', 'avx2', 'avx512vnni'). The environment variables
+TERRAFORMER_ISA and TERRAFORMER_GEMV_ISA, read when the library loads,
+force one too (a set the CPU lacks falls back to the best it has): how an
+AVX-512 host times the AVX2 paths.
 """
 import ctypes
 import glob
@@ -29,6 +31,7 @@ _HERE = os.path.dirname(os.path.abspath(__file__))
 _LIB_GLOB = '_decode_kernels*.so'
 ISA_NAMES = ('scalar', 'avx2', 'avx512')
 GEMV_ISA_NAMES = ('scalar', 'avx2', 'avx512vnni')
+ISA_ENV = 'TERRAFORMER_ISA'
 GEMV_ISA_ENV = 'TERRAFORMER_GEMV_ISA'
 
 _state = {'lib': None, 'tried': False, 'error': None}
@@ -70,13 +73,15 @@ def _load():
   except (OSError, AttributeError) as e:
     _state['error'] = f'cannot load {path}: {e}'
     return None
-  forced = os.environ.get(GEMV_ISA_ENV)
-  if forced:
-    if forced not in GEMV_ISA_NAMES:
-      _state['error'] = (f'{GEMV_ISA_ENV}={forced!r}: not one of '
-                         f'{GEMV_ISA_NAMES}')
-      return None
-    lib.tf_set_gemv_isa(GEMV_ISA_NAMES.index(forced))
+  for env, names, set_level in ((ISA_ENV, ISA_NAMES, lib.tf_set_isa),
+                                (GEMV_ISA_ENV, GEMV_ISA_NAMES,
+                                 lib.tf_set_gemv_isa)):
+    forced = os.environ.get(env)
+    if forced:
+      if forced not in names:
+        _state['error'] = f'{env}={forced!r}: not one of {names}'
+        return None
+      set_level(names.index(forced))
   _state['lib'] = lib
   return lib
 

@@ -342,9 +342,10 @@ def test_random_q8_weights_have_store_weights_structure(monkeypatch):
 
 
 def test_environment_variable_forces_the_gemv_path(monkeypatch):
-  """TERRAFORMER_GEMV_ISA, read when the library loads, forces a path (a
-  benchmark of the fallbacks needs no code); an unknown name leaves the
-  kernels unavailable, saying why. The decode path names the path taken."""
+  """TERRAFORMER_GEMV_ISA and TERRAFORMER_ISA, read when the library loads,
+  force a path (a benchmark of the fallbacks needs no code); an unknown
+  name leaves the kernels unavailable, saying why. The decode path names
+  the path taken."""
   assert kernels.available(), kernels.unavailable_reason()
   fresh = lambda: {'lib': None, 'tried': False, 'error': None}
   try:
@@ -355,6 +356,17 @@ def test_environment_variable_forces_the_gemv_path(monkeypatch):
         f'ffi ({kernels.set_isa()}, q8 scalar), q8 weights')
     assert decode_step.describe_options(('ffi', 'int8')) == (
         f'ffi ({kernels.set_isa()}), int8 weights')
+    monkeypatch.setenv(kernels.ISA_ENV, 'scalar')
+    monkeypatch.setattr(kernels, '_state', fresh())
+    assert kernels.set_isa() == 'scalar'
+    assert decode_step.describe_options(('ffi', 'q8')) == (
+        'ffi (scalar, q8 scalar), q8 weights')
+    monkeypatch.setenv(kernels.ISA_ENV, 'avx9')
+    monkeypatch.setattr(kernels, '_state', fresh())
+    assert not kernels.available()
+    assert kernels.unavailable_reason() == (
+        f"{kernels.ISA_ENV}='avx9': not one of {kernels.ISA_NAMES}")
+    monkeypatch.delenv(kernels.ISA_ENV)
     monkeypatch.setenv(kernels.GEMV_ISA_ENV, 'avx9')
     monkeypatch.setattr(kernels, '_state', fresh())
     assert not kernels.available() and kernels.gemv_isa() is None
@@ -364,3 +376,4 @@ def test_environment_variable_forces_the_gemv_path(monkeypatch):
   finally:
     monkeypatch.undo()
     kernels.set_gemv_isa(kernels.GEMV_ISA_NAMES[-1])
+    kernels.set_isa(kernels.ISA_NAMES[-1])
