@@ -32,7 +32,7 @@ timed bench 4 .venv/bin/terraformer-bench \
   --config_file=gin/bench/17b_sparse_ff_qkv_kernels_int8.gin \
   ${depth[@]+"${depth[@]}"}
 tabulate speed models "$out/bench.json" \
-  --columns='model,ms/token [min-max],ms/block,MB/token,bound ms,x bound,speedup,per block' \
+  --columns='model,ms/token [min-max],ms/block,MB/token,GB/s,bound ms,x bound,speedup,per block,vs dense,vs dense bound' \
   --label=17b_dense_kernels_int8=dense \
   --label=17b_sparse_ff_qkv_loss_kernels_int8='sparse FF+QKV+loss' \
   --label=terraformer_17b_kernels_int8='Terraformer 17B' \
@@ -44,5 +44,5 @@ tabulate speed models "$out/bench.json" \
   --figure=ff_qkv='sparse FF+QKV:speedup' \
   --figure=ff_qkv_loss='sparse FF+QKV+loss:speedup' \
   --figure=terraformer='Terraformer 17B:speedup'
-record
+record --caption=models="The 17B models decoded for real at full depth (6 + 6 blocks), int8 weights with float32 row scales (float activations) and the fused kernels, one model at a time; batch 1, 4 tokens after a 16-token prompt, median of 3 repeats, quiet CPU; bound = bytes read per token / the GEMV bandwidth measured after each round of that model's repeats (GB/s: their median); speedup and vs dense: against the dense int8 model, vs dense bound: that model at its bound. Paper: Table 6."
 banner done "outputs in $out"

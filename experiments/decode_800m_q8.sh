@@ -25,12 +25,12 @@ timed bench 8 .venv/bin/terraformer-bench \
   --config_file=gin/bench/800m_sparse_ff_qkv_loss_kernels_q8.gin \
   --config=ScalingTransformer.n_encoder_layers=1
 tabulate speed models "$out/bench.json" \
-  --columns='model,ms/token [min-max],ms/block,MB/token,GB/s,bound ms,x bound,speedup' \
+  --columns='model,ms/token [min-max],ms/block,MB/token,GB/s,bound ms,x bound,speedup,vs dense,vs dense bound' \
   --label=800m_dense_kernels_int8='dense, int8' \
   --label=800m_dense_kernels_q8='dense, Q8' \
   --label=800m_sparse_ff_qkv_loss_kernels_int8='sparse FF+QKV+loss, int8' \
   --label=800m_sparse_ff_qkv_loss_kernels_q8='sparse FF+QKV+loss, Q8' \
   --figure=dense_q8_x_bound='dense, Q8:x bound' \
   --figure=sparse_q8_x_bound='sparse FF+QKV+loss, Q8:x bound'
-record --caption=models="The 800M models (one encoder block) with the fused kernels: int8 weights with float activations beside the Q8 GEMV (int8 weights packed for the one-row product, int8 activations); batch 1, 8 tokens after a 16-token prompt, median of 3 repeats, quiet CPU; bound = bytes read per token / the GEMV bandwidth measured after each round of that model's repeats (GB/s: their median); speedup against the dense int8 model of the same run."
+record --caption=models="The 800M models (one encoder block) with the fused kernels: int8 weights with float activations beside the Q8 GEMV (int8 weights packed for the one-row product, int8 activations); batch 1, 8 tokens after a 16-token prompt, median of 3 repeats, quiet CPU; bound = bytes read per token / the GEMV bandwidth measured after each round of that model's repeats (GB/s: their median); speedup against the dense int8 model of the same run; vs dense and vs dense bound: against the dense model of the same storage, measured and at its bound."
 banner done "outputs in $out"
