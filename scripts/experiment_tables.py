@@ -125,6 +125,39 @@ def speed(data, opts):
   return columns, rows
 
 
+MEMORY_COLUMNS = ['model', 'int8 matrices (decoder, output layer)',
+                  'float32 read per step', 'float32 under tl.Cache (encoder '
+                  'block shared by 6, embedding, cross-attention K/V)',
+                  'caches', 'total held']
+
+
+def memory(data, opts):
+  """What each model of a terraformer-bench run holds (GiB), from its
+  `memory_by_kind` (bytes by 'LAYER DTYPE[ (under tl.Cache)]' and 'state
+  (caches)'): stored int8 / bf16 matrices, float32 the step reads, what
+  layers under tl.Cache hold (run on the first call only), the caches."""
+  rows = []
+  for m in data['models']:
+    kinds = m.get('memory_by_kind')
+    if not kinds:
+      raise TableError(f"model {m['name']!r} has no memory_by_kind")
+    parts = collections.Counter()
+    for kind, n_bytes in kinds.items():
+      if kind == 'state (caches)':
+        parts['caches'] += n_bytes
+      elif kind.endswith('(under tl.Cache)'):
+        parts['cached'] += n_bytes
+      elif ' float32' in kind:
+        parts['float32'] += n_bytes
+      else:
+        parts['stored'] += n_bytes
+    rows.append([opts.label(m['name'])] + [
+        f'{parts[p] / GIB:.2f}' for p in ('stored', 'float32', 'cached',
+                                          'caches')] +
+                [f'{sum(kinds.values()) / GIB:.2f}'])
+  return MEMORY_COLUMNS, rows
+
+
 def speeds(pairs, opts):
   """One row per terraformer-bench --json run, labelled LABEL (LABEL=PATH;
   one model per run): the same model timed under other bindings or input
@@ -622,6 +655,8 @@ Mode = collections.namedtuple('Mode', 'table inputs reads')
 MODES = {
     'speed': Mode(speed, 'json', 'terraformer-bench --json (with '
                   '--compare_trax: also Trax ms/token, ours vs Trax)'),
+    'memory': Mode(memory, 'json', 'terraformer-bench --json: what each '
+                   'model holds, by kind'),
     'speeds': Mode(speeds, 'labelled', 'LABEL=PATH of terraformer-bench '
                    '--json of one model (several: a row each)'),
     'projection': Mode(projection, 'json',

@@ -108,7 +108,7 @@ SLOW = (
     'decoding/test_search.py::test_terraformer_decoding_matches_eval_forward',
     'kernels/test_cache_attention.py::test_decoding_step_reads_cache_in_place',
     'kernels/test_kernels.py::test_decode_with_kernels_equals_xla[encdec]',
-    'kernels/test_kernels.py::test_sparse_ff_kernel_equals_xla_layer[int8-scalar-serial]',
+    'kernels/test_kernels.py::test_sparse_ff_kernel_equals_xla_layer[int8-scalar-serial-96-4]',
     'kernels/test_kernels.py::test_weight_storage',
     'models/test_long_inputs.py::test_blockwise_encoder_with_one_block_is_full_attention',
     'models/test_long_inputs.py::test_cst_terraformer_decodes_as_it_evaluates',

@@ -79,6 +79,24 @@ def test_speed_table_gives_each_models_own_bandwidth(tmp_path):
       f"{data['models'][0]['bandwidth_gbps']:.1f}", '12.3']
 
 
+def test_memory_rows_split_what_a_model_holds_in_gib(tmp_path, capsys):
+  gib = 2 ** 30
+  path = _write(tmp_path, 'bench.json', {'models': [{
+      'name': 'm', 'memory_by_kind': {
+          'KernelDense int8': 2 * gib, 'KernelSparseFF bfloat16': gib,
+          'LayerNorm float32': gib // 2,
+          'Embedding float32 (under tl.Cache)': gib,
+          'KernelDense int8 (under tl.Cache)': gib // 4,
+          'state (caches)': gib // 4}}]})
+  code, table, _ = _run(tmp_path, 'memory', path, '--label=m=model m')
+  assert code == 0
+  assert table['columns'] == tables.MEMORY_COLUMNS
+  assert table['rows'] == [['model m', '3.00', '0.50', '1.25', '0.25', '5.00']]
+  path = _write(tmp_path, 'old.json', {'models': [{'name': 'm'}]})
+  assert _run(tmp_path, 'memory', path)[0] == 2
+  _one_line_error(capsys, "model 'm' has no memory_by_kind")
+
+
 def test_speeds_gives_a_labelled_row_per_run_of_one_model(tmp_path, capsys):
   """Runs of one model each (the same model under other bindings or input
   lengths): a row per run, in order, with its label."""
