@@ -32,7 +32,7 @@ timed bench 16 .venv/bin/terraformer-bench "${configs[@]}"
 # The paper's decoding seconds per token: Table 7 (loss sparsity); Table 2
 # gives its FF sparsity rows as a trend.
 tabulate speed sparsity "$out/bench.json" "${labels[@]}" \
-  --columns='model,ms/token,MB/token,x bound,speedup,per block' \
+  --columns='model,ms/token,MB/token,x bound,speedup,per block,vs dense bound' \
   --paper=dense='0.160 s' --paper=loss_sparsity_2='0.158 s (1.01x)' \
   --paper=loss_sparsity_4='0.149 s (1.07x)' \
   --paper=loss_sparsity_8='0.148 s (1.08x)' \
