@@ -8,12 +8,13 @@ read and in multiply-adds per second (docs/decoding-speed.md: why the sparse
 loss does not speed up the 17B step outside the decoder blocks on a CPU).
 
   .venv/bin/python experiments/decode_output_layer.py [--d=9216] [--vocab=32100] [--s=4]
+      [--json=PATH]
 
-Cost: seconds (17B dimensions by default); needs a quiet machine. It writes
-no JSON: results/decode_output_layer.json (table dot) is transcribed from
-its output.
+--json writes the rows as a table ({"columns", "rows"}, the cells as
+printed): `bash experiments/decode_output_layer.sh` records it.
 """
 import argparse
+import json
 import time
 
 import jax
@@ -36,20 +37,32 @@ def main():
   parser.add_argument('--d', type=int, default=9216)
   parser.add_argument('--vocab', type=int, default=32100)
   parser.add_argument('--s', type=int, default=4)
+  parser.add_argument('--json', help='also write the rows to this file')
   args = parser.parse_args()
   d, s = args.d, args.s
   m = -(-args.vocab // s)
   rng = np.random.default_rng(0)
   dot = jax.jit(lambda x, w: x @ w)
-  for name, rows, cols in (('dense [1,d]x[d,V]', 1, args.vocab),
-                           (f'sparse loss [{s},d]x[d,{m}]', s, m)):
+  table = []
+  for name, rows, cols in ((f'dense [1,{d}] x [{d},{args.vocab}]', 1,
+                            args.vocab),
+                           (f'sparse loss [{s},{d}] x [{d},{m}]', s, m)):
     w = jnp.asarray(rng.standard_normal((d, cols), dtype=np.float32))
     x = jnp.asarray(rng.standard_normal((rows, d), dtype=np.float32))
     ms = median_ms(dot, x, w)
-    print(f'{name:28s} {ms:8.1f} ms  {w.nbytes / 1e6:6.0f} MB '
-          f'({w.nbytes / 1e6 / ms:5.1f} GB/s)  {rows * d * cols / 1e6:5.0f}M '
-          f'multiply-adds ({rows * d * cols / 1e6 / ms:5.2f} G/s)')
+    macs = rows * d * cols / 1e6
+    table.append([name, f'{ms:.1f}', f'{w.nbytes / 1e6:.0f}',
+                  f'{w.nbytes / 1e6 / ms:.1f}', f'{macs:.0f}M',
+                  f'{macs / ms:.2f}'])
+    print(f'{name:36s} {ms:8.1f} ms  {w.nbytes / 1e6:6.0f} MB '
+          f'({w.nbytes / 1e6 / ms:5.1f} GB/s)  {macs:5.0f}M '
+          f'multiply-adds ({macs / ms:5.2f} G/s)')
     del w
+  if args.json:
+    with open(args.json, 'w') as f:
+      json.dump({'columns': ['product', 'ms', 'MB of weights', 'GB/s',
+                             'multiply-adds', 'G multiply-adds/s'],
+                 'rows': table}, f)
 
 
 if __name__ == '__main__':

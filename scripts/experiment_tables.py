@@ -287,12 +287,16 @@ def profile(data, opts):
 
 def sweep(data, opts):
   """terraformer-bench --sweep: ms/token of each model per d_model, and the
-  speedup of the others over the first."""
+  speedup of the others over the first; with a JSON that has it, over the
+  dense model at its bound too (`vs dense bound`)."""
   names = data['names']
+  bound = all('speedup_vs_dense_bound' in row['models'][n]
+              for row in data['rows'] for n in names[1:])
   columns = ['d_model'] + [f'{opts.label(n)} ms/token' for n in names]
   for n in names[1:]:
     prefix = '' if len(names) == 2 else f'{opts.label(n)} '
-    columns += [f'{prefix}speedup', f'{prefix}per block']
+    columns += [f'{prefix}speedup', f'{prefix}per block'] + (
+        [f'{prefix}vs dense bound'] if bound else [])
   rows = []
   for row in data['rows']:
     cells = [str(row['d_model'])] + [
@@ -302,6 +306,8 @@ def sweep(data, opts):
       cells += [f"{r['speedup']:.2f}x",
                 _f(r.get('speedup_per_block'), '.2f') + (
                     'x' if r.get('speedup_per_block') else '')]
+      if bound:
+        cells.append(_x(r['speedup_vs_dense_bound']))
     rows.append(cells)
   return columns, rows
 

@@ -97,6 +97,31 @@ def test_memory_rows_split_what_a_model_holds_in_gib(tmp_path, capsys):
   _one_line_error(capsys, "model 'm' has no memory_by_kind")
 
 
+def test_sweep_rows_per_d_model_with_the_speedups_at_the_dense_bound(
+    tmp_path):
+  def row(d_model, dense_ms, sparse_ms, bound=None):
+    sparse = {'ms_per_token': sparse_ms, 'speedup': dense_ms / sparse_ms,
+              'speedup_per_block': 2.5}
+    if bound is not None:
+      sparse['speedup_vs_dense_bound'] = bound
+    return {'d_model': d_model, 'models': {
+        'dense': {'ms_per_token': dense_ms, 'speedup': 1.0},
+        'sparse': sparse}}
+  path = _write(tmp_path, 'sweep.json', {
+      'names': ['dense', 'sparse'],
+      'rows': [row(512, 3.0, 2.0, 1.25), row(1024, 8.0, 2.0, 3.5)]})
+  code, table, _ = _run(tmp_path, 'sweep', path)
+  assert code == 0
+  assert table['columns'] == ['d_model', 'dense ms/token', 'sparse ms/token',
+                              'speedup', 'per block', 'vs dense bound']
+  assert table['rows'] == [['512', '3.00', '2.00', '1.50x', '2.50x', '1.25x'],
+                           ['1024', '8.00', '2.00', '4.00x', '2.50x', '3.50x']]
+  path = _write(tmp_path, 'old.json', {'names': ['dense', 'sparse'],
+                                       'rows': [row(512, 3.0, 2.0)]})
+  code, table, _ = _run(tmp_path, 'sweep', path)
+  assert table['columns'][-1] == 'per block'
+
+
 def test_speeds_gives_a_labelled_row_per_run_of_one_model(tmp_path, capsys):
   """Runs of one model each (the same model under other bindings or input
   lengths): a row per run, in order, with its label."""
