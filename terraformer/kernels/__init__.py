@@ -12,6 +12,8 @@ path: importing this package never needs the library.
       weights packed output-major (`layers.pack_q8`) and int8 activations
   cache_attention(q, keys, values, idx, valid)  causal attention of a
       step's queries over a key/value cache read in place (its filled part)
+  sparse_qkv(x, ...)  sparse QKV's step ('q8'): the multiplicative layer
+      and the Q/K and V convolutions in one call
 
 The kernels pick their instruction set at run time: `set_isa` / the float
 kernels ('scalar', 'avx2', 'avx512'), `gemv_isa` / `set_gemv_isa` the Q8
@@ -37,7 +39,7 @@ GEMV_ISA_ENV = 'TERRAFORMER_GEMV_ISA'
 _state = {'lib': None, 'tried': False, 'error': None}
 # Kernels a library built from an older source may lack: the others still
 # load, and callers of these keep XLA's code.
-_OPTIONAL = ('tf_cache_attention',)
+_OPTIONAL = ('tf_cache_attention', 'tf_sparse_qkv')
 
 
 def library_path():
@@ -228,3 +230,30 @@ def cache_attention(q, keys, values, idx, valid=None):
   out = jax.ShapeDtypeStruct(q.shape, jnp.float32)
   return jax.ffi.ffi_call('tf_cache_attention', out)(
       _f32(q), keys, values, valid, jnp.asarray(idx, jnp.int32))
+
+
+def sparse_qkv(x, d, d_scale, e, e_scale, e_bias, kept, qk, qk_scale, qk_bias,
+               v, v_scale, v_bias, qk_width, v_width):
+  """Sparse QKV's step (paper §3.2) of one position per row, in one call.
+
+  x [B, 1, d]; the multiplicative layer's D [S, d] int8 with row scales
+  d_scale [S], E packed by `layers.pack_q8` (d -> M) with its scales e_scale
+  [M] and bias e_bias [S * M]; kept [B, F - 1, S, M], the convolution's
+  previous inputs; the Q and K kernels side by side, packed (F qk_width M
+  -> 2 M), scales and bias [2 M]; the V kernel packed (F v_width M -> M),
+  scales and bias [M]. Returns (q, k, v [B, 1, S * M], kept'): the
+  three `q8_matmul` calls of `KernelMultiplicativeDense` and
+  `KernelModuleConv`, on the same operands, with the patches built in C++.
+  """
+  _require()
+  b, f1, s, m = kept.shape
+  out = jax.ShapeDtypeStruct((b, 1, s * m), jnp.float32)
+  *qkv, kept = jax.ffi.ffi_call(
+      'tf_sparse_qkv',
+      (out, out, out, jax.ShapeDtypeStruct((b, f1, s, m), jnp.float32)))(
+          _f32(x), jnp.asarray(d, jnp.int8), _f32(d_scale),
+          jnp.asarray(e, jnp.int8), _f32(e_scale), _f32(e_bias), _f32(kept),
+          jnp.asarray(qk, jnp.int8), _f32(qk_scale), _f32(qk_bias),
+          jnp.asarray(v, jnp.int8), _f32(v_scale), _f32(v_bias),
+          qk_width=int(qk_width), v_width=int(v_width))
+  return tuple(qkv), kept

@@ -1359,6 +1359,27 @@ ffi::Error SparseFFImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x,
 // x [T, K], g [S, K] (float32, or int8 with g_scale [S]: one scale per
 // row; else g_scale is a dummy [1]), P [G, Kp / 4, 16, 4] int8 (output-major,
 // see "The Q8 GEMV"), w_scale [N], b [S * N] or [1] (no bias) -> y [T, S * N].
+// What is wrong with a packed matrix's dimensions `pd` for K inputs and N
+// outputs (pack_q8: [ceil(N / 16), Kp / 4, 16, 4], Kp = K rounded up to a
+// multiple of 32); "" when nothing.
+std::string PackedProblem(const char* name, ffi::Span<const int64_t> pd,
+                          int64_t K, int64_t N) {
+  if (pd.size() != 4 || pd[2] != kQ8Rows || pd[3] != 4) {
+    return std::string("packed ") + name + " must be [G, Kp / 4, 16, 4]";
+  }
+  const int64_t kp = pd[1] * 4;
+  if (K <= 0 || kp != (K + kQ8Block - 1) / kQ8Block * kQ8Block) {
+    return std::string("packed ") + name + " has " + std::to_string(kp) +
+           " inputs for K = " + std::to_string(K) +
+           " (K rounded up to a multiple of 32)";
+  }
+  if (pd[0] != (N + kQ8Rows - 1) / kQ8Rows) {
+    return std::string("packed ") + name + " has " + std::to_string(pd[0]) +
+           " groups of 16 outputs for " + std::to_string(N) + " scales";
+  }
+  return "";
+}
+
 ffi::Error Q8MatmulImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x,
                         ffi::AnyBuffer g, ffi::Buffer<ffi::F32> g_scale,
                         ffi::Buffer<ffi::S8> p,
@@ -1382,13 +1403,8 @@ ffi::Error Q8MatmulImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x,
   }
   const int64_t kp = pd[1] * 4, n_groups = pd[0];
   const int64_t N = w_scale.element_count();
-  if (K <= 0 || kp != (K + kQ8Block - 1) / kQ8Block * kQ8Block) {
-    return bad("packed W has " + std::to_string(kp) + " inputs for K = " +
-               std::to_string(K) + " (K rounded up to a multiple of 32)");
-  }
-  if (n_groups != (N + kQ8Rows - 1) / kQ8Rows) {
-    return bad("packed W has " + std::to_string(n_groups) +
-               " groups of 16 outputs for " + std::to_string(N) + " scales");
+  if (std::string what = PackedProblem("W", pd, K, N); !what.empty()) {
+    return bad(what);
   }
   if (x.element_count() % K != 0) return bad("x's last axis is not K");
   const int64_t T = x.element_count() / K;
@@ -1401,6 +1417,140 @@ ffi::Error Q8MatmulImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x,
            p.typed_data(), n_groups, kp, out,
            g_int8 ? static_cast<const int8_t*>(g.untyped_data()) : nullptr,
            g_int8 ? g_scale.typed_data() : nullptr);
+  return ffi::Error::Success();
+}
+
+
+// The patches of one convolution (ModuleConv, layers.conv_patches) at the
+// last position of `image` [B, F, S, M]: row b * S + s holds, for dl < F and
+// dm < W, image[b, dl, s + dm - (W - 1) / 2, :] (zeros past the modules),
+// F * W * M inputs in the order of the flat kernel [F, W, M, M].
+void ConvPatches(const float* image, int64_t B, int64_t F, int64_t S,
+                 int64_t M, int64_t W, float* patches) {
+  const int64_t width = F * W * M;
+  for (int64_t b = 0; b < B; ++b) {
+    for (int64_t s = 0; s < S; ++s) {
+      float* row = patches + (b * S + s) * width;
+      for (int64_t dl = 0; dl < F; ++dl) {
+        for (int64_t dm = 0; dm < W; ++dm) {
+          float* to = row + (dl * W + dm) * M;
+          const int64_t src = s + dm - (W - 1) / 2;
+          if (src < 0 || src >= S) {
+            std::fill(to, to + M, 0.f);
+          } else {
+            const float* from = image + ((b * F + dl) * S + src) * M;
+            std::copy(from, from + M, to);
+          }
+        }
+      }
+    }
+  }
+}
+
+// The sparse QKV step (paper §3.2, Fig. 4b) of one new position per row, in
+// one call, its matrices stored 'q8' (layers.KernelSparseQKV): the
+// multiplicative layer y = Q8((x D[s]) E) + b [B, S, M]; the image of the
+// F - 1 kept inputs and y; the patches of its last position, multiplied by
+// the Q and K kernels side by side (one product, the patches quantized
+// once) and, with their own patches, by the V kernel; the kept inputs shift
+// by one. Each product is tf_q8_matmul's on the same operands (the same
+// bits as the three calls it replaces), without XLA's patch tensors.
+// x [B, d], D int8 [S, d] with row scales [S], E packed (d -> M) with its
+// scales [M] and bias [S * M], kept [B, F - 1, S, M], the Q/K kernels
+// packed (F qk_width M -> 2 M), scales and bias [2 M], the V kernel packed
+// (F v_width M -> M), scales and bias [M] -> q, k, v [B, S * M], kept'.
+ffi::Error SparseQKVImpl(
+    ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi::S8> dg,
+    ffi::Buffer<ffi::F32> dg_scale, ffi::Buffer<ffi::S8> e,
+    ffi::Buffer<ffi::F32> e_scale, ffi::Buffer<ffi::F32> e_bias,
+    ffi::Buffer<ffi::F32> kept, ffi::Buffer<ffi::S8> qk,
+    ffi::Buffer<ffi::F32> qk_scale, ffi::Buffer<ffi::F32> qk_bias,
+    ffi::Buffer<ffi::S8> v, ffi::Buffer<ffi::F32> v_scale,
+    ffi::Buffer<ffi::F32> v_bias, ffi::ResultBuffer<ffi::F32> q_out,
+    ffi::ResultBuffer<ffi::F32> k_out, ffi::ResultBuffer<ffi::F32> v_out,
+    ffi::ResultBuffer<ffi::F32> kept_out, int64_t qk_width, int64_t v_width) {
+  auto bad = [](const std::string& what) {
+    return ffi::Error(ffi::ErrorCode::kInvalidArgument,
+                      "tf_sparse_qkv: " + what);
+  };
+  auto gd = dg.dimensions();
+  auto kd = kept.dimensions();
+  if (gd.size() != 2 || kd.size() != 4 || kd[1] < 1) {
+    return bad("D must be [S, d] and the kept inputs [B, F - 1, S, M]");
+  }
+  const int64_t S = gd[0], K = gd[1], B = kd[0], F = kd[1] + 1, M = kd[3];
+  if (kd[2] != S || static_cast<int64_t>(x.element_count()) != B * K ||
+      static_cast<int64_t>(dg_scale.element_count()) != S) {
+    return bad("x must be [B, d], D's scales [S] and the kept inputs "
+               "[B, F - 1, S, M]");
+  }
+  if (static_cast<int64_t>(e_scale.element_count()) != M ||
+      static_cast<int64_t>(e_bias.element_count()) != S * M ||
+      static_cast<int64_t>(qk_scale.element_count()) != 2 * M ||
+      static_cast<int64_t>(qk_bias.element_count()) != 2 * M ||
+      static_cast<int64_t>(v_scale.element_count()) != M ||
+      static_cast<int64_t>(v_bias.element_count()) != M) {
+    return bad("scales and biases must be E's [M] and [S * M], the Q/K "
+               "kernels' [2 M] and the V kernel's [M]");
+  }
+  if (qk_width < 1 || qk_width > S || v_width < 1 || v_width > S) {
+    return bad("module kernel widths must be in [1, S]");
+  }
+  struct Packed {
+    const char* name;
+    ffi::Span<const int64_t> dims;
+    int64_t k, n;
+  };
+  const Packed packed[] = {
+      {"E", e.dimensions(), K, M},
+      {"Q/K kernels", qk.dimensions(), F * qk_width * M, 2 * M},
+      {"V kernel", v.dimensions(), F * v_width * M, M}};
+  for (const Packed& p : packed) {
+    if (std::string what = PackedProblem(p.name, p.dims, p.k, p.n);
+        !what.empty()) {
+      return bad(what);
+    }
+  }
+  // The step's buffers, reused from call to call.
+  thread_local std::vector<float> y, image, patches, ones, qk_y;
+  y.resize(B * S * M);
+  image.resize(B * F * S * M);
+  Q8Matmul(&pool, x.typed_data(), B, nullptr, S, K, e.typed_data(),
+           e.dimensions()[0], e.dimensions()[1] * 4,
+           Q8Out{e_scale.typed_data(), e_bias.typed_data(), S, M, y.data()},
+           dg.typed_data(), dg_scale.typed_data());
+  const int64_t plane = S * M;  // One position of the image.
+  for (int64_t b = 0; b < B; ++b) {
+    float* to = image.data() + b * F * plane;
+    std::copy(kept.typed_data() + b * (F - 1) * plane,
+              kept.typed_data() + (b + 1) * (F - 1) * plane, to);
+    std::copy(y.data() + b * plane, y.data() + (b + 1) * plane,
+              to + (F - 1) * plane);
+    std::copy(to + plane, to + F * plane,
+              kept_out->typed_data() + b * (F - 1) * plane);
+  }
+  // A convolution: its patches times its packed kernels (a product with g =
+  // ones, as tf_q8_matmul's caller passes).
+  auto convolve = [&](int64_t width, const ffi::Buffer<ffi::S8>& p,
+                      const ffi::Buffer<ffi::F32>& scale,
+                      const ffi::Buffer<ffi::F32>& bias, int64_t n_out,
+                      float* out) {
+    const int64_t k_in = F * width * M;
+    patches.resize(B * S * k_in);
+    ConvPatches(image.data(), B, F, S, M, width, patches.data());
+    if (static_cast<int64_t>(ones.size()) < k_in) ones.assign(k_in, 1.f);
+    Q8Matmul(&pool, patches.data(), B * S, ones.data(), 1, k_in,
+             p.typed_data(), p.dimensions()[0], p.dimensions()[1] * 4,
+             Q8Out{scale.typed_data(), bias.typed_data(), 1, n_out, out});
+  };
+  qk_y.resize(B * S * 2 * M);
+  convolve(qk_width, qk, qk_scale, qk_bias, 2 * M, qk_y.data());
+  for (int64_t r = 0; r < B * S; ++r) {
+    const float* from = qk_y.data() + r * 2 * M;
+    std::copy(from, from + M, q_out->typed_data() + r * M);
+    std::copy(from + M, from + 2 * M, k_out->typed_data() + r * M);
+  }
+  convolve(v_width, v, v_scale, v_bias, M, v_out->typed_data());
   return ffi::Error::Success();
 }
 
@@ -1515,6 +1665,29 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(tf_sparse_ff, SparseFFImpl,
                                   .Arg<ffi::Buffer<ffi::F32>>()
                                   .Ret<ffi::Buffer<ffi::F32>>()
                                   .Attr<int64_t>("block"));
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(tf_sparse_qkv, SparseQKVImpl,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::ThreadPool>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Arg<ffi::Buffer<ffi::S8>>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Arg<ffi::Buffer<ffi::S8>>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Arg<ffi::Buffer<ffi::S8>>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Arg<ffi::Buffer<ffi::S8>>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Ret<ffi::Buffer<ffi::F32>>()
+                                  .Ret<ffi::Buffer<ffi::F32>>()
+                                  .Ret<ffi::Buffer<ffi::F32>>()
+                                  .Ret<ffi::Buffer<ffi::F32>>()
+                                  .Attr<int64_t>("qk_width")
+                                  .Attr<int64_t>("v_width"));
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(tf_cache_attention, CacheAttentionImpl,
                               ffi::Ffi::Bind()

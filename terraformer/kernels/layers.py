@@ -11,6 +11,8 @@ behaviour stay the same; only the predict-mode forward changes):
                           (both: tf_q8_matmul with 'q8' storage)
   ModuleConv (predict) -> KernelModuleConv            tf_q8_matmul ('q8')
                           (sparse QKV's convolutions, as a product)
+  SparseQKV (predict)  -> KernelSparseQKV             tf_sparse_qkv ('q8')
+                          (the two above in one call per step)
   PrefixCausalAttention (predict)                     tf_cache_attention
                        -> KernelPrefixCausalAttention
   CausalDotProductAttention (predict)                 tf_cache_attention
@@ -235,8 +237,8 @@ class KernelMultiplicativeDense(_KernelMixin, MultiplicativeDense):
   float32, about twice the packed E's bytes.
   """
 
-  def _split(self):
-    w = self.weights
+  def _split(self, w=None):
+    w = self.weights if w is None else w
     n = 3 if self._use_bias else 2
     d, e = w[0], w[1]
     bias = w[2] if self._use_bias else None
@@ -404,6 +406,57 @@ class KernelModuleConv(_KernelMixin, ModuleConv):
     return tuple(stored) + tuple(scales)
 
 
+class KernelSparseQKV(_KernelMixin, trax_combinators.Serial):
+  """Sparse QKV (`SparseQKV`: MultiplicativeDense, then the predict-mode
+  ModuleConv) whose decoding step, with 'q8' storage, is one
+  `tf_sparse_qkv` call: the three `tf_q8_matmul` calls of its sublayers
+  (the multiplicative layer, the Q and K convolutions side by side, the V
+  convolution) on the same operands, so the same bits, with the
+  convolutions' patches built in C++ instead of as XLA tensors. Weights and
+  state are the Serial's. A prompt (more than one position), other
+  storages, and module kernels other than sparse QKV's (F', F', F'_v with
+  F'_v != F' and M a multiple of 16: `KernelModuleConv`'s two products)
+  run the sublayers, each with its own kernel.
+  """
+
+  def _fusable(self, x):
+    mult, conv = self.sublayers
+    sizes = conv._module_kernel_sizes  # pylint: disable=protected-access
+    w_mult, w_conv = self.weights
+    return (self._tf_use_ffi and kernels.has_kernel('tf_sparse_qkv')
+            and x.ndim == 3 and x.shape[1] == 1
+            and x.shape[0] * mult._n_modules <= MAX_FFI_ROWS  # pylint: disable=protected-access
+            and len(sizes) == 3 and sizes[0] == sizes[1] != sizes[2]
+            and conv._kernel_size > 1  # pylint: disable=protected-access
+            and conv._d_module % Q8_ROWS == 0  # pylint: disable=protected-access
+            and mult._use_bias and is_q8(w_mult[1])  # pylint: disable=protected-access
+            and w_mult[0].dtype == jnp.int8 and w_conv[0].dtype == jnp.int8)
+
+  def forward(self, xs):
+    x = xs[0] if isinstance(xs, (tuple, list)) else xs
+    if not self._fusable(x):
+      return super().forward(xs)
+    mult, conv = self.sublayers
+    d, e, bias, e_scale, d_scale = mult._split(self.weights[0])  # pylint: disable=protected-access
+    k_qk, b_qk, k_v, b_v, s_qk, s_v = self.weights[1]
+    sizes = conv._module_kernel_sizes  # pylint: disable=protected-access
+    kept = self.state[1]
+    qkv, new_kept = kernels.sparse_qkv(
+        x, d, d_scale, e, e_scale, bias, kept, k_qk, s_qk, b_qk, k_v, s_v,
+        b_v, sizes[0], sizes[2])
+    self.state = (self.state[0], new_kept.astype(kept.dtype))
+    return tuple(y.astype(x.dtype) for y in qkv)
+
+
+def _is_sparse_qkv(layer):
+  """A predict-mode `SparseQKV`: Serial(MultiplicativeDense, ModuleConv)."""
+  subs = layer.sublayers
+  return (type(layer) is trax_combinators.Serial and len(subs) == 2  # pylint: disable=unidiomatic-typecheck
+          and isinstance(subs[0], MultiplicativeDense)
+          and isinstance(subs[1], ModuleConv)
+          and getattr(subs[1], '_mode', None) == 'predict')
+
+
 @gin.configurable(module='terraformer')
 def cache_attention_kernel(enabled=True):
   """Whether `install` gives predict-mode causal attention (sparse QKV's and
@@ -469,6 +522,8 @@ _ATTENTION_KERNEL_CLASSES = {
 def _kernel_class(layer, attention):
   if isinstance(layer, _KernelMixin):
     return type(layer)
+  if _is_sparse_qkv(layer):
+    return KernelSparseQKV
   if getattr(layer, '_mode', None) == 'predict':
     if type(layer) in _PREDICT_KERNEL_CLASSES:
       return _PREDICT_KERNEL_CLASSES[type(layer)]
