@@ -14,6 +14,8 @@ path: importing this package never needs the library.
       step's queries over a key/value cache read in place (its filled part)
   sparse_qkv(x, ...)  sparse QKV's step ('q8'): the multiplicative layer
       and the Q/K and V convolutions in one call
+  sparse_qkv_attention(x, ...)  that step, its keys and values written
+      into their caches in place, and the attention over them, in one call
 
 The kernels pick their instruction set at run time: `set_isa` / the float
 kernels ('scalar', 'avx2', 'avx512'), `gemv_isa` / `set_gemv_isa` the Q8
@@ -39,7 +41,7 @@ GEMV_ISA_ENV = 'TERRAFORMER_GEMV_ISA'
 _state = {'lib': None, 'tried': False, 'error': None}
 # Kernels a library built from an older source may lack: the others still
 # load, and callers of these keep XLA's code.
-_OPTIONAL = ('tf_cache_attention', 'tf_sparse_qkv')
+_OPTIONAL = ('tf_cache_attention', 'tf_sparse_qkv', 'tf_sparse_qkv_attention')
 
 
 def library_path():
@@ -257,3 +259,33 @@ def sparse_qkv(x, d, d_scale, e, e_scale, e_bias, kept, qk, qk_scale, qk_bias,
           jnp.asarray(v, jnp.int8), _f32(v_scale), _f32(v_bias),
           qk_width=int(qk_width), v_width=int(v_width))
   return tuple(qkv), kept
+
+
+def sparse_qkv_attention(x, d, d_scale, e, e_scale, e_bias, kept, qk, qk_scale,
+                         qk_bias, v, v_scale, v_bias, keys, values, idx,
+                         valid, qk_width, v_width):
+  """A sparse QKV attention step (paper §3.2, Fig. 4b) in one call.
+
+  `sparse_qkv`'s operands, then the caches keys and values [N, L, D] float32
+  (N D = B S M: the heads of q, k, v in rows of D), idx [] int32 (the
+  step's position) and valid [N, L] bool (None: every key valid). k and v
+  are written into the caches at idx, in place (the returned caches alias
+  them), and q attends over positions <= idx as `cache_attention`.
+  Returns (y [B, 1, S * M], keys', values', kept').
+  """
+  _require()
+  valid = (jnp.ones((1,), jnp.bool_) if valid is None
+           else jnp.asarray(valid, jnp.bool_))
+  b, _, s, m = kept.shape
+  caches = jax.ShapeDtypeStruct(keys.shape, jnp.float32)
+  return tuple(jax.ffi.ffi_call(
+      'tf_sparse_qkv_attention',
+      (jax.ShapeDtypeStruct((b, 1, s * m), jnp.float32), caches, caches,
+       jax.ShapeDtypeStruct(kept.shape, jnp.float32)),
+      input_output_aliases={13: 1, 14: 2})(
+          _f32(x), jnp.asarray(d, jnp.int8), _f32(d_scale),
+          jnp.asarray(e, jnp.int8), _f32(e_scale), _f32(e_bias), _f32(kept),
+          jnp.asarray(qk, jnp.int8), _f32(qk_scale), _f32(qk_bias),
+          jnp.asarray(v, jnp.int8), _f32(v_scale), _f32(v_bias), keys,
+          values, valid, jnp.asarray(idx, jnp.int32),
+          qk_width=int(qk_width), v_width=int(v_width)))

@@ -18,6 +18,10 @@
 //   tf_cache_attention: causal softmax attention of the step's queries over
 //     a key/value cache read in place, only its filled positions (no copy
 //     of a cache bucket, as slicing the cache for XLA's dots makes).
+//   tf_sparse_qkv:     sparse QKV's 'q8' step (paper §3.2): the
+//     multiplicative layer and the Q/K and V convolutions in one call.
+//   tf_sparse_qkv_attention: that step, the keys and values written into
+//     their caches in place and the attention over them, in one call.
 //
 // Vectorized with AVX-512 (F/BW/VL) or AVX2+FMA, chosen at run time with
 // __builtin_cpu_supports; plain loops otherwise (tf_q8_matmul: AVX-512
@@ -1459,30 +1463,25 @@ void ConvPatches(const float* image, int64_t B, int64_t F, int64_t S,
 // scales [M] and bias [S * M], kept [B, F - 1, S, M], the Q/K kernels
 // packed (F qk_width M -> 2 M), scales and bias [2 M], the V kernel packed
 // (F v_width M -> M), scales and bias [M] -> q, k, v [B, S * M], kept'.
-ffi::Error SparseQKVImpl(
-    ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi::S8> dg,
+std::string SparseQKVStep(
+    ffi::ThreadPool* pool, ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi::S8> dg,
     ffi::Buffer<ffi::F32> dg_scale, ffi::Buffer<ffi::S8> e,
     ffi::Buffer<ffi::F32> e_scale, ffi::Buffer<ffi::F32> e_bias,
     ffi::Buffer<ffi::F32> kept, ffi::Buffer<ffi::S8> qk,
     ffi::Buffer<ffi::F32> qk_scale, ffi::Buffer<ffi::F32> qk_bias,
     ffi::Buffer<ffi::S8> v, ffi::Buffer<ffi::F32> v_scale,
-    ffi::Buffer<ffi::F32> v_bias, ffi::ResultBuffer<ffi::F32> q_out,
-    ffi::ResultBuffer<ffi::F32> k_out, ffi::ResultBuffer<ffi::F32> v_out,
-    ffi::ResultBuffer<ffi::F32> kept_out, int64_t qk_width, int64_t v_width) {
-  auto bad = [](const std::string& what) {
-    return ffi::Error(ffi::ErrorCode::kInvalidArgument,
-                      "tf_sparse_qkv: " + what);
-  };
+    ffi::Buffer<ffi::F32> v_bias, int64_t qk_width, int64_t v_width,
+    float* q_out, float* k_out, float* v_out, float* kept_out) {
   auto gd = dg.dimensions();
   auto kd = kept.dimensions();
   if (gd.size() != 2 || kd.size() != 4 || kd[1] < 1) {
-    return bad("D must be [S, d] and the kept inputs [B, F - 1, S, M]");
+    return "D must be [S, d] and the kept inputs [B, F - 1, S, M]";
   }
   const int64_t S = gd[0], K = gd[1], B = kd[0], F = kd[1] + 1, M = kd[3];
   if (kd[2] != S || static_cast<int64_t>(x.element_count()) != B * K ||
       static_cast<int64_t>(dg_scale.element_count()) != S) {
-    return bad("x must be [B, d], D's scales [S] and the kept inputs "
-               "[B, F - 1, S, M]");
+    return "x must be [B, d], D's scales [S] and the kept inputs "
+           "[B, F - 1, S, M]";
   }
   if (static_cast<int64_t>(e_scale.element_count()) != M ||
       static_cast<int64_t>(e_bias.element_count()) != S * M ||
@@ -1490,11 +1489,11 @@ ffi::Error SparseQKVImpl(
       static_cast<int64_t>(qk_bias.element_count()) != 2 * M ||
       static_cast<int64_t>(v_scale.element_count()) != M ||
       static_cast<int64_t>(v_bias.element_count()) != M) {
-    return bad("scales and biases must be E's [M] and [S * M], the Q/K "
-               "kernels' [2 M] and the V kernel's [M]");
+    return "scales and biases must be E's [M] and [S * M], the Q/K "
+           "kernels' [2 M] and the V kernel's [M]";
   }
   if (qk_width < 1 || qk_width > S || v_width < 1 || v_width > S) {
-    return bad("module kernel widths must be in [1, S]");
+    return "module kernel widths must be in [1, S]";
   }
   struct Packed {
     const char* name;
@@ -1508,14 +1507,14 @@ ffi::Error SparseQKVImpl(
   for (const Packed& p : packed) {
     if (std::string what = PackedProblem(p.name, p.dims, p.k, p.n);
         !what.empty()) {
-      return bad(what);
+      return what;
     }
   }
   // The step's buffers, reused from call to call.
   thread_local std::vector<float> y, image, patches, ones, qk_y;
   y.resize(B * S * M);
   image.resize(B * F * S * M);
-  Q8Matmul(&pool, x.typed_data(), B, nullptr, S, K, e.typed_data(),
+  Q8Matmul(pool, x.typed_data(), B, nullptr, S, K, e.typed_data(),
            e.dimensions()[0], e.dimensions()[1] * 4,
            Q8Out{e_scale.typed_data(), e_bias.typed_data(), S, M, y.data()},
            dg.typed_data(), dg_scale.typed_data());
@@ -1526,8 +1525,7 @@ ffi::Error SparseQKVImpl(
               kept.typed_data() + (b + 1) * (F - 1) * plane, to);
     std::copy(y.data() + b * plane, y.data() + (b + 1) * plane,
               to + (F - 1) * plane);
-    std::copy(to + plane, to + F * plane,
-              kept_out->typed_data() + b * (F - 1) * plane);
+    std::copy(to + plane, to + F * plane, kept_out + b * (F - 1) * plane);
   }
   // A convolution: its patches times its packed kernels (a product with g =
   // ones, as tf_q8_matmul's caller passes).
@@ -1539,7 +1537,7 @@ ffi::Error SparseQKVImpl(
     patches.resize(B * S * k_in);
     ConvPatches(image.data(), B, F, S, M, width, patches.data());
     if (static_cast<int64_t>(ones.size()) < k_in) ones.assign(k_in, 1.f);
-    Q8Matmul(&pool, patches.data(), B * S, ones.data(), 1, k_in,
+    Q8Matmul(pool, patches.data(), B * S, ones.data(), 1, k_in,
              p.typed_data(), p.dimensions()[0], p.dimensions()[1] * 4,
              Q8Out{scale.typed_data(), bias.typed_data(), 1, n_out, out});
   };
@@ -1547,13 +1545,72 @@ ffi::Error SparseQKVImpl(
   convolve(qk_width, qk, qk_scale, qk_bias, 2 * M, qk_y.data());
   for (int64_t r = 0; r < B * S; ++r) {
     const float* from = qk_y.data() + r * 2 * M;
-    std::copy(from, from + M, q_out->typed_data() + r * M);
-    std::copy(from + M, from + 2 * M, k_out->typed_data() + r * M);
+    std::copy(from, from + M, q_out + r * M);
+    std::copy(from + M, from + 2 * M, k_out + r * M);
   }
-  convolve(v_width, v, v_scale, v_bias, M, v_out->typed_data());
+  convolve(v_width, v, v_scale, v_bias, M, v_out);
+  return "";
+}
+
+ffi::Error SparseQKVImpl(
+    ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi::S8> dg,
+    ffi::Buffer<ffi::F32> dg_scale, ffi::Buffer<ffi::S8> e,
+    ffi::Buffer<ffi::F32> e_scale, ffi::Buffer<ffi::F32> e_bias,
+    ffi::Buffer<ffi::F32> kept, ffi::Buffer<ffi::S8> qk,
+    ffi::Buffer<ffi::F32> qk_scale, ffi::Buffer<ffi::F32> qk_bias,
+    ffi::Buffer<ffi::S8> v, ffi::Buffer<ffi::F32> v_scale,
+    ffi::Buffer<ffi::F32> v_bias, ffi::ResultBuffer<ffi::F32> q_out,
+    ffi::ResultBuffer<ffi::F32> k_out, ffi::ResultBuffer<ffi::F32> v_out,
+    ffi::ResultBuffer<ffi::F32> kept_out, int64_t qk_width, int64_t v_width) {
+  std::string what = SparseQKVStep(
+      &pool, x, dg, dg_scale, e, e_scale, e_bias, kept, qk, qk_scale, qk_bias,
+      v, v_scale, v_bias, qk_width, v_width, q_out->typed_data(),
+      k_out->typed_data(), v_out->typed_data(), kept_out->typed_data());
+  if (!what.empty()) {
+    return ffi::Error(ffi::ErrorCode::kInvalidArgument, "tf_sparse_qkv: " + what);
+  }
   return ffi::Error::Success();
 }
 
+
+// Causal attention of T queries per row over a cache (CacheAttentionImpl):
+// qp [N, T, D], kp and vp [N, M, D], mp [N, M] (nullptr: every key valid),
+// query t at position first + t -> op [N, T, D].
+void AttendCache(ffi::ThreadPool* pool, const float* qp, const float* kp,
+                 const float* vp, const bool* mp, int64_t N, int64_t T,
+                 int64_t D, int64_t M, int64_t first, float* op) {
+  const float root = std::sqrt(static_cast<float>(D));
+  const int64_t filled = first + T;
+  Isa isa = CurrentIsa();
+  // Rows split over the pool when their filled keys and values are large.
+  bool parallel = N * filled * D * 2 * 4 >= g_parallel_bytes.load();
+  ParallelFor(parallel ? pool : nullptr, N, [=](int64_t n) {
+    std::vector<float> dots(filled);
+    const float* kn = kp + n * M * D;
+    const float* vn = vp + n * M * D;
+    for (int64_t t = 0; t < T; ++t) {
+      const float* qt = qp + (n * T + t) * D;
+      float* ot = op + (n * T + t) * D;
+      const int64_t count = first + t + 1;
+      float amax = -INFINITY;
+      for (int64_t j = 0; j < count; ++j) {
+        float v = Dot(isa, kn + j * D, qt, D) / root;
+        if (mp != nullptr && !mp[n * M + j]) v = -1e9f;
+        dots[j] = v;
+        amax = std::max(amax, v);
+      }
+      if (!std::isfinite(amax)) amax = 0.f;
+      float total = 0.f;
+      for (int64_t j = 0; j < count; ++j) total += std::exp(dots[j] - amax);
+      const float lse = std::log(total) + amax;
+      std::fill(ot, ot + D, 0.f);
+      for (int64_t j = 0; j < count; ++j) {
+        float w = std::exp(dots[j] - lse);
+        if (w != 0.f) Axpy(isa, w, vn + j * D, ot, D);
+      }
+    }
+  });
+}
 
 // Causal softmax attention of a few queries over a key/value cache, read in
 // place: q [N, T, D], keys and values [N, M, D] (the whole cache, written by
@@ -1588,42 +1645,69 @@ ffi::Error CacheAttentionImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> q,
   }
   const int64_t first = *idx.typed_data();
   if (first < 0 || first + T > M) return bad("positions outside the cache");
-  const float* qp = q.typed_data();
-  const float* kp = keys.typed_data();
-  const float* vp = values.typed_data();
-  const bool* mp = valid.typed_data();
-  float* op = out->typed_data();
-  const float root = std::sqrt(static_cast<float>(D));
-  const int64_t filled = first + T;
-  Isa isa = CurrentIsa();
-  // Rows split over the pool when their filled keys and values are large.
-  bool parallel = N * filled * D * 2 * 4 >= g_parallel_bytes.load();
-  ParallelFor(parallel ? &pool : nullptr, N, [=](int64_t n) {
-    std::vector<float> dots(filled);
-    const float* kn = kp + n * M * D;
-    const float* vn = vp + n * M * D;
-    for (int64_t t = 0; t < T; ++t) {
-      const float* qt = qp + (n * T + t) * D;
-      float* ot = op + (n * T + t) * D;
-      const int64_t count = first + t + 1;
-      float amax = -INFINITY;
-      for (int64_t j = 0; j < count; ++j) {
-        float v = Dot(isa, kn + j * D, qt, D) / root;
-        if (masked && !mp[n * M + j]) v = -1e9f;
-        dots[j] = v;
-        amax = std::max(amax, v);
-      }
-      if (!std::isfinite(amax)) amax = 0.f;
-      float total = 0.f;
-      for (int64_t j = 0; j < count; ++j) total += std::exp(dots[j] - amax);
-      const float lse = std::log(total) + amax;
-      std::fill(ot, ot + D, 0.f);
-      for (int64_t j = 0; j < count; ++j) {
-        float w = std::exp(dots[j] - lse);
-        if (w != 0.f) Axpy(isa, w, vn + j * D, ot, D);
-      }
-    }
-  });
+  AttendCache(&pool, q.typed_data(), keys.typed_data(), values.typed_data(),
+              masked ? valid.typed_data() : nullptr, N, T, D, M, first,
+              out->typed_data());
+  return ffi::Error::Success();
+}
+
+// A sparse QKV attention step (paper §3.2, Fig. 4b) of one position per
+// row in one call (layers.KernelSparseQKVAttention): sparse QKV's step
+// (SparseQKVStep, tf_sparse_qkv's operands), its keys and values written
+// into the caches at position idx (the results keys' and values' alias the
+// caches: written in place), then the attention of its queries over the
+// filled part of the caches (AttendCache, tf_cache_attention's). The heads
+// are the Q/K/V features in rows of D: keys and values [N, L, D] with N D
+// = B S M (N = B heads), valid [N, L] (pred; [1]: every key valid), idx []
+// -> y [B, 1, S M] (the heads merged), keys', values', kept'.
+ffi::Error SparseQKVAttentionImpl(
+    ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi::S8> dg,
+    ffi::Buffer<ffi::F32> dg_scale, ffi::Buffer<ffi::S8> e,
+    ffi::Buffer<ffi::F32> e_scale, ffi::Buffer<ffi::F32> e_bias,
+    ffi::Buffer<ffi::F32> kept, ffi::Buffer<ffi::S8> qk,
+    ffi::Buffer<ffi::F32> qk_scale, ffi::Buffer<ffi::F32> qk_bias,
+    ffi::Buffer<ffi::S8> v, ffi::Buffer<ffi::F32> v_scale,
+    ffi::Buffer<ffi::F32> v_bias, ffi::Buffer<ffi::F32> keys,
+    ffi::Buffer<ffi::F32> values, ffi::Buffer<ffi::PRED> valid,
+    ffi::Buffer<ffi::S32> idx, ffi::ResultBuffer<ffi::F32> y,
+    ffi::ResultBuffer<ffi::F32> keys_out,
+    ffi::ResultBuffer<ffi::F32> values_out,
+    ffi::ResultBuffer<ffi::F32> kept_out, int64_t qk_width, int64_t v_width) {
+  auto bad = [](const std::string& what) {
+    return ffi::Error(ffi::ErrorCode::kInvalidArgument,
+                      "tf_sparse_qkv_attention: " + what);
+  };
+  auto kd = keys.dimensions();
+  const int64_t features = y->element_count();  // B S M
+  if (kd.size() != 3 || values.element_count() != keys.element_count() ||
+      kd[0] * kd[2] != features) {
+    return bad("keys and values must be [N, L, D] with N D = B S M");
+  }
+  const int64_t N = kd[0], L = kd[1], D = kd[2];
+  const bool masked = static_cast<int64_t>(valid.element_count()) == N * L;
+  if (!masked && valid.element_count() != 1) {
+    return bad("valid must be [N, L] or [1]");
+  }
+  const int64_t first = *idx.typed_data();
+  if (first < 0 || first >= L) return bad("position outside the cache");
+  thread_local std::vector<float> q, k, v_new;
+  q.resize(features);
+  k.resize(features);
+  v_new.resize(features);
+  std::string what = SparseQKVStep(
+      &pool, x, dg, dg_scale, e, e_scale, e_bias, kept, qk, qk_scale, qk_bias,
+      v, v_scale, v_bias, qk_width, v_width, q.data(), k.data(), v_new.data(),
+      kept_out->typed_data());
+  if (!what.empty()) return bad(what);
+  float* ks = keys_out->typed_data();
+  float* vs = values_out->typed_data();
+  for (int64_t n = 0; n < N; ++n) {
+    std::copy(k.data() + n * D, k.data() + (n + 1) * D, ks + (n * L + first) * D);
+    std::copy(v_new.data() + n * D, v_new.data() + (n + 1) * D,
+              vs + (n * L + first) * D);
+  }
+  AttendCache(&pool, q.data(), ks, vs, masked ? valid.typed_data() : nullptr,
+              N, 1, D, L, first, y->typed_data());
   return ffi::Error::Success();
 }
 
@@ -1682,6 +1766,33 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(tf_sparse_qkv, SparseQKVImpl,
                                   .Arg<ffi::Buffer<ffi::S8>>()
                                   .Arg<ffi::Buffer<ffi::F32>>()
                                   .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Ret<ffi::Buffer<ffi::F32>>()
+                                  .Ret<ffi::Buffer<ffi::F32>>()
+                                  .Ret<ffi::Buffer<ffi::F32>>()
+                                  .Ret<ffi::Buffer<ffi::F32>>()
+                                  .Attr<int64_t>("qk_width")
+                                  .Attr<int64_t>("v_width"));
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(tf_sparse_qkv_attention, SparseQKVAttentionImpl,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::ThreadPool>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Arg<ffi::Buffer<ffi::S8>>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Arg<ffi::Buffer<ffi::S8>>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Arg<ffi::Buffer<ffi::S8>>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Arg<ffi::Buffer<ffi::S8>>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Arg<ffi::Buffer<ffi::PRED>>()
+                                  .Arg<ffi::Buffer<ffi::S32>>()
                                   .Ret<ffi::Buffer<ffi::F32>>()
                                   .Ret<ffi::Buffer<ffi::F32>>()
                                   .Ret<ffi::Buffer<ffi::F32>>()

@@ -13,6 +13,9 @@ behaviour stay the same; only the predict-mode forward changes):
                           (sparse QKV's convolutions, as a product)
   SparseQKV (predict)  -> KernelSparseQKV             tf_sparse_qkv ('q8')
                           (the two above in one call per step)
+  SparseQKV + causal attention (predict)              tf_sparse_qkv_attention
+                       -> KernelSparseQKVAttention    ('q8'; a decoder's
+                          sparse QKV attention in one call per step)
   PrefixCausalAttention (predict)                     tf_cache_attention
                        -> KernelPrefixCausalAttention
   CausalDotProductAttention (predict)                 tf_cache_attention
@@ -62,6 +65,7 @@ from trax.layers import core as trax_core
 
 from terraformer import kernels
 from terraformer.layers.lsh_attention import CausalDotProductAttention
+from terraformer.layers.lsh_attention import PerExamplePrefill
 from terraformer.layers.multiplicative_dense import MultiplicativeDense
 from terraformer.layers.prefix_attention import PrefixCausalAttention
 from terraformer.layers.sparse_ff import SparseFF
@@ -419,11 +423,11 @@ class KernelSparseQKV(_KernelMixin, trax_combinators.Serial):
   run the sublayers, each with its own kernel.
   """
 
-  def _fusable(self, x):
+  def _fusable(self, x, weights=None):
     mult, conv = self.sublayers
     sizes = conv._module_kernel_sizes  # pylint: disable=protected-access
-    w_mult, w_conv = self.weights
-    return (self._tf_use_ffi and kernels.has_kernel('tf_sparse_qkv')
+    w_mult, w_conv = self.weights if weights is None else weights
+    return (self._tf_use_ffi and kernels.available()
             and x.ndim == 3 and x.shape[1] == 1
             and x.shape[0] * mult._n_modules <= MAX_FFI_ROWS  # pylint: disable=protected-access
             and len(sizes) == 3 and sizes[0] == sizes[1] != sizes[2]
@@ -432,19 +436,23 @@ class KernelSparseQKV(_KernelMixin, trax_combinators.Serial):
             and mult._use_bias and is_q8(w_mult[1])  # pylint: disable=protected-access
             and w_mult[0].dtype == jnp.int8 and w_conv[0].dtype == jnp.int8)
 
+  def operands(self, weights, state):
+    """`kernels.sparse_qkv`'s operands after x, from the Serial's weights
+    and state, then the module kernel widths (Q/K, V)."""
+    mult, conv = self.sublayers
+    d, e, bias, e_scale, d_scale = mult._split(weights[0])  # pylint: disable=protected-access
+    k_qk, b_qk, k_v, b_v, s_qk, s_v = weights[1]
+    sizes = conv._module_kernel_sizes  # pylint: disable=protected-access
+    return ((d, d_scale, e, e_scale, bias, state[1], k_qk, s_qk, b_qk, k_v,
+             s_v, b_v), (sizes[0], sizes[2]))
+
   def forward(self, xs):
     x = xs[0] if isinstance(xs, (tuple, list)) else xs
-    if not self._fusable(x):
+    if not (self._fusable(x) and kernels.has_kernel('tf_sparse_qkv')):
       return super().forward(xs)
-    mult, conv = self.sublayers
-    d, e, bias, e_scale, d_scale = mult._split(self.weights[0])  # pylint: disable=protected-access
-    k_qk, b_qk, k_v, b_v, s_qk, s_v = self.weights[1]
-    sizes = conv._module_kernel_sizes  # pylint: disable=protected-access
-    kept = self.state[1]
-    qkv, new_kept = kernels.sparse_qkv(
-        x, d, d_scale, e, e_scale, bias, kept, k_qk, s_qk, b_qk, k_v, s_v,
-        b_v, sizes[0], sizes[2])
-    self.state = (self.state[0], new_kept.astype(kept.dtype))
+    operands, widths = self.operands(self.weights, self.state)
+    qkv, kept = kernels.sparse_qkv(x, *operands, *widths)
+    self.state = (self.state[0], kept.astype(self.state[1].dtype))
     return tuple(y.astype(x.dtype) for y in qkv)
 
 
@@ -455,6 +463,80 @@ def _is_sparse_qkv(layer):
           and isinstance(subs[0], MultiplicativeDense)
           and isinstance(subs[1], ModuleConv)
           and getattr(subs[1], '_mode', None) == 'predict')
+
+
+def _sparse_qkv_of(layer):
+  """`layer`'s SparseQKV Serial: itself, or the one a PerExamplePrefill
+  wraps (a Terraformer decoder's); None for other layers."""
+  if isinstance(layer, PerExamplePrefill):
+    layer = layer.sublayers[0]
+  return layer if (_is_sparse_qkv(layer) or isinstance(
+      layer, KernelSparseQKV)) else None
+
+
+def _is_sparse_qkv_attention(layer):
+  """A decoder's predict-mode sparse QKV attention: a Serial of SparseQKV
+  (under a PerExamplePrefill after a Select, in a Terraformer), the heads
+  split, causal attention over a cache (PrefixCausalAttention or
+  CausalDotProductAttention) and the heads merged."""
+  if type(layer) is not trax_combinators.Serial:  # pylint: disable=unidiomatic-typecheck
+    return False
+  subs = list(layer.sublayers)
+  subs = subs[1:] if subs and subs[0].name.startswith('Select') else subs
+  return (len(subs) == 4 and _sparse_qkv_of(subs[0]) is not None
+          and isinstance(subs[1], trax_combinators.Parallel)
+          and len(subs[1].sublayers) == 3
+          and all(_is_fn(s, 'SplitIntoHeads') for s in subs[1].sublayers)
+          and isinstance(subs[2], (PrefixCausalAttention,
+                                   CausalDotProductAttention))
+          and getattr(subs[2], '_mode', None) == 'predict'
+          and _is_fn(subs[3], 'MergeHeads'))
+
+
+def _is_fn(layer, name):
+  """`layer` is Trax's function layer `name` (tl.SplitIntoHeads and
+  tl.MergeHeads are a Serial around their `tl.Fn`)."""
+  return layer.name == name or any(s.name == name for s in layer.sublayers)
+
+
+class KernelSparseQKVAttention(_KernelMixin, trax_combinators.Serial):
+  """A decoder's sparse QKV attention (SparseQKV, heads split, causal
+  attention over a key/value cache, heads merged) whose decoding step, with
+  'q8' storage, is one `tf_sparse_qkv_attention` call: `tf_sparse_qkv`'s
+  products, the new keys and values written into the caches in place and
+  `tf_cache_attention`'s attention over their filled part (the same
+  operations, so the same bits as those two calls). The position index and
+  the valid-key mask stay XLA's. A prompt, and whatever `KernelSparseQKV`
+  or the attention kernel would not run, run the sublayers.
+  """
+
+  def forward(self, xs):
+    x = xs[0] if isinstance(xs, (tuple, list)) else xs
+    i = 1 if self.sublayers[0].name.startswith('Select') else 0
+    wrapped = isinstance(self.sublayers[i], PerExamplePrefill)
+    qkv, attention = _sparse_qkv_of(self.sublayers[i]), self.sublayers[i + 2]
+    unwrap = (lambda t: t[0]) if wrapped else (lambda t: t)
+    w_qkv, s_qkv = unwrap(self.weights[i]), unwrap(self.state[i])
+    s_att = self.state[i + 2]
+    if not (self._tf_use_ffi
+            and kernels.has_kernel('tf_sparse_qkv_attention')
+            and isinstance(qkv, KernelSparseQKV)
+            and qkv._fusable(x, w_qkv)  # pylint: disable=protected-access
+            and isinstance(attention, _KernelCacheAttention)
+            and attention.reads_cache_in_place()
+            and s_att[0].dtype == jnp.float32):
+      return super().forward(xs)
+    operands, widths = qkv.operands(w_qkv, s_qkv)
+    masked = isinstance(attention, CausalDotProductAttention)
+    ks, vs, *valid, idx = s_att
+    y, ks, vs, kept = kernels.sparse_qkv_attention(
+        x, *operands, ks, vs, idx, valid[0] if masked else None, *widths)
+    s_qkv = (s_qkv[0], kept.astype(s_qkv[1].dtype))
+    state = list(self.state)
+    state[i] = (s_qkv,) if wrapped else s_qkv
+    state[i + 2] = (ks, vs, *valid, idx + 1)
+    self.state = tuple(state)
+    return y.astype(x.dtype)
 
 
 @gin.configurable(module='terraformer')
@@ -524,6 +606,8 @@ def _kernel_class(layer, attention):
     return type(layer)
   if _is_sparse_qkv(layer):
     return KernelSparseQKV
+  if attention and _is_sparse_qkv_attention(layer):
+    return KernelSparseQKVAttention
   if getattr(layer, '_mode', None) == 'predict':
     if type(layer) in _PREDICT_KERNEL_CLASSES:
       return _PREDICT_KERNEL_CLASSES[type(layer)]

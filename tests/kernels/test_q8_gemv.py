@@ -21,24 +21,8 @@ from terraformer.decoding import step as decode_step
 from terraformer.kernels import layers as kernel_layers
 from terraformer.layers.multiplicative_dense import MultiplicativeDense
 from terraformer.layers.sparse_qkv_attention import ModuleConv
-from terraformer.layers.sparse_qkv_attention import SparseQKV
 
 BLOCK, ROWS = 32, 16  # Inputs per activation scale, outputs per group.
-
-
-@pytest.fixture
-def gemv_isa():
-  """Sets the Q8 GEMV's instruction set (skips if the CPU lacks it);
-  restores the best one afterwards."""
-  assert kernels.available(), kernels.unavailable_reason()
-
-  def use(name):
-    used = kernels.set_gemv_isa(name)
-    if used != name:
-      pytest.skip(f'this CPU lacks {name} (the Q8 GEMV uses {used})')
-
-  yield use
-  kernels.set_gemv_isa(kernels.GEMV_ISA_NAMES[-1])
 
 
 def _pack(q):
@@ -379,102 +363,3 @@ def test_environment_variable_forces_the_gemv_path(monkeypatch):
     kernels.set_gemv_isa(kernels.GEMV_ISA_NAMES[-1])
     kernels.set_isa(kernels.ISA_NAMES[-1])
 
-
-def _sparse_qkv_steps(layer, stored, state, xs, fusable):
-  """Outputs and states of `layer` (an installed SparseQKV) over the steps
-  xs [steps, B, 1, d], with the fused call allowed or not; and the step's
-  HLO text."""
-  outputs = []
-  saved = kernel_layers.KernelSparseQKV._fusable  # pylint: disable=protected-access
-  try:
-    if not fusable:
-      kernel_layers.KernelSparseQKV._fusable = lambda self, x: False  # pylint: disable=protected-access
-    fn = jax.jit(layer.pure_fn)
-    text = fn.lower(xs[0], stored, state, jax.random.PRNGKey(0)).as_text()
-    for x in xs:
-      out, state = fn(x, stored, state, jax.random.PRNGKey(0))
-      outputs.append((out, state))
-  finally:
-    kernel_layers.KernelSparseQKV._fusable = saved  # pylint: disable=protected-access
-  return jax.tree_util.tree_map(np.asarray, outputs), text
-
-
-@pytest.mark.parametrize('parallel', [False, True], ids=['serial', 'split'])
-@pytest.mark.parametrize('batch,kernel_size', [(1, 3), (2, 2), (1, 4)])
-@pytest.mark.parametrize('name', kernels.GEMV_ISA_NAMES)
-def test_sparse_qkv_step_is_one_call_with_the_bits_of_three(
-    gemv_isa, request, name, parallel, batch, kernel_size):
-  """Sparse QKV's decoding step in 'q8' (module kernels 3, 3, 1; M = 16)
-  is one tf_sparse_qkv call: its q, k, v and kept inputs equal, bit for bit
-  and step after step, those of the multiplicative layer's and the two
-  convolutions' tf_q8_matmul calls (`KernelMultiplicativeDense`,
-  `KernelModuleConv`), which XLA's quantized product matches to float
-  rounding."""
-  gemv_isa(name)
-  if parallel:
-    request.getfixturevalue('split_every_product')
-  d_model, modules = 80, 5
-  layer = SparseQKV(d_model, modules, kernel_size, 3, causal=True,
-                    mode='predict')
-  xs = jax.random.normal(jax.random.PRNGKey(7), (4, batch, 1, d_model))
-  weights, state = layer.init(shapes.signature(xs[0]),
-                              rng=jax.random.PRNGKey(1))
-  assert kernel_layers.install(layer) == 3
-  assert isinstance(layer, kernel_layers.KernelSparseQKV)
-  stored = kernel_layers.store_weights(layer, weights, 'q8')
-  fused, text = _sparse_qkv_steps(layer, stored, state, xs, True)
-  assert text.count('tf_sparse_qkv') == 1 and 'tf_q8_matmul' not in text
-  three, text = _sparse_qkv_steps(layer, stored, state, xs, False)
-  assert text.count('tf_q8_matmul') == 3 and 'tf_sparse_qkv' not in text
-  for (out, kept), (out3, kept3) in zip(fused, three):
-    for y, y3 in zip(out, out3):
-      assert y.shape == (batch, 1, d_model)
-      np.testing.assert_array_equal(y, y3)
-    np.testing.assert_array_equal(kept[1], kept3[1])
-  layer._tf_use_ffi = False  # pylint: disable=protected-access
-  for sub in layer.sublayers:
-    sub._tf_use_ffi = False  # pylint: disable=protected-access
-  xla, _ = _sparse_qkv_steps(layer, stored, state, xs, True)
-  for (out, kept), (out_xla, kept_xla) in zip(fused, xla):
-    for y, y_xla in zip(out, out_xla):
-      np.testing.assert_allclose(y, y_xla, rtol=1e-5, atol=1e-5)
-    np.testing.assert_allclose(kept[1], kept_xla[1], rtol=1e-5, atol=1e-5)
-
-
-@pytest.mark.parametrize('case', ['prompt', 'same_kernels', 'int8'])
-def test_sparse_qkv_keeps_the_layers_calls_where_it_cannot_fuse(gemv_isa,
-                                                                 case):
-  """A prompt (two positions), module kernels that 'q8' stores as one
-  product (3, 3, 3) and int8 storage (no packed E) run the sublayers, each
-  with its own kernel."""
-  gemv_isa(kernels.GEMV_ISA_NAMES[-1])
-  length = 2 if case == 'prompt' else 1
-  x = jax.random.normal(jax.random.PRNGKey(8), (1, length, 64))
-  layer = SparseQKV(64, 4, 3, 3, causal=True, mode='predict',
-                    value_module_kernel_size=3 if case == 'same_kernels'
-                    else 1)
-  weights, state = layer.init(shapes.signature(x), rng=jax.random.PRNGKey(2))
-  kernel_layers.install(layer)
-  storage = 'int8' if case == 'int8' else 'q8'
-  stored = kernel_layers.store_weights(layer, weights, storage)
-  text = jax.jit(layer.pure_fn).lower(x, stored, state,
-                                      jax.random.PRNGKey(0)).as_text()
-  assert 'tf_sparse_qkv' not in text
-  assert ('tf_skinny_matmul' if case == 'int8' else 'tf_q8_matmul') in text
-
-
-def test_sparse_qkv_kernel_rejects_mismatched_operands(gemv_isa):
-  """Operands whose shapes disagree get one line naming what is wrong."""
-  gemv_isa(kernels.GEMV_ISA_NAMES[-1])
-  layer = SparseQKV(64, 4, 3, 3, causal=True, mode='predict')
-  x = jnp.ones((1, 1, 64))
-  weights, state = layer.init(shapes.signature(x), rng=jax.random.PRNGKey(3))
-  kernel_layers.install(layer)
-  (d, e, bias, e_scale, d_scale), conv = kernel_layers.store_weights(
-      layer, weights, 'q8')
-  k_qk, b_qk, k_v, b_v, s_qk, s_v = conv
-  with pytest.raises(Exception, match='tf_sparse_qkv: packed V kernel has'):
-    # The Q/K kernels where V's belong: 3 x 3 x 16 inputs, not 3 x 1 x 16.
-    jax.block_until_ready(kernels.sparse_qkv(
-        x, d, d_scale, e, e_scale, bias, state[1], k_qk, s_qk, b_qk, k_qk,
-        s_v, b_v, 3, 1))

@@ -1,0 +1,252 @@
+"""Fused decoding steps: a sparse QKV attention step in one kernel call.
+
+`KernelSparseQKV` (tf_sparse_qkv) replaces the three tf_q8_matmul calls of
+sparse QKV's step (the multiplicative layer, the Q/K and the V
+convolutions) and `KernelSparseQKVAttention` (tf_sparse_qkv_attention)
+that call and the attention's tf_cache_attention. Each is checked against
+the calls it replaces (the same operations: the same bits, step after step,
+outputs and state) and against XLA's quantized path (float rounding), at
+the layer and in a whole decoding step.
+"""
+import re
+
+import gin
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from trax import shapes
+from trax.layers import combinators as trax_combinators
+
+from terraformer import kernels
+from terraformer.kernels import layers as kernel_layers
+from terraformer.layers.attention import SelfAttention
+from terraformer.layers.attention import TransformerSelfAttention
+from terraformer.layers.sparse_qkv_attention import SparseQKV
+from greedy_decoding import greedy  # tests/greedy_decoding.py
+from terraformer.models import ScalingTransformer
+from terraformer.models import Terraformer
+
+
+@pytest.fixture(autouse=True)
+def _no_gin_bindings():
+  gin.clear_config()
+  yield
+  gin.clear_config()
+
+
+def _sparse_qkv_steps(layer, stored, state, xs, fusable):
+  """Outputs and states of `layer` (an installed SparseQKV) over the steps
+  xs [steps, B, 1, d], with the fused call allowed or not; and the step's
+  HLO text."""
+  outputs = []
+  saved = kernel_layers.KernelSparseQKV._fusable  # pylint: disable=protected-access
+  try:
+    if not fusable:
+      kernel_layers.KernelSparseQKV._fusable = lambda self, x, weights=None: False  # pylint: disable=protected-access
+    fn = jax.jit(layer.pure_fn)
+    text = fn.lower(xs[0], stored, state, jax.random.PRNGKey(0)).as_text()
+    for x in xs:
+      out, state = fn(x, stored, state, jax.random.PRNGKey(0))
+      outputs.append((out, state))
+  finally:
+    kernel_layers.KernelSparseQKV._fusable = saved  # pylint: disable=protected-access
+  return jax.tree_util.tree_map(np.asarray, outputs), text
+
+
+@pytest.mark.parametrize('parallel', [False, True], ids=['serial', 'split'])
+@pytest.mark.parametrize('batch,kernel_size', [(1, 3), (2, 2), (1, 4)])
+@pytest.mark.parametrize('name', kernels.GEMV_ISA_NAMES)
+def test_sparse_qkv_step_is_one_call_with_the_bits_of_three(
+    gemv_isa, request, name, parallel, batch, kernel_size):
+  """Sparse QKV's decoding step in 'q8' (module kernels 3, 3, 1; M = 16)
+  is one tf_sparse_qkv call: its q, k, v and kept inputs equal, bit for bit
+  and step after step, those of the multiplicative layer's and the two
+  convolutions' tf_q8_matmul calls (`KernelMultiplicativeDense`,
+  `KernelModuleConv`), which XLA's quantized product matches to float
+  rounding."""
+  gemv_isa(name)
+  if parallel:
+    request.getfixturevalue('split_every_product')
+  d_model, modules = 80, 5
+  layer = SparseQKV(d_model, modules, kernel_size, 3, causal=True,
+                    mode='predict')
+  xs = jax.random.normal(jax.random.PRNGKey(7), (4, batch, 1, d_model))
+  weights, state = layer.init(shapes.signature(xs[0]),
+                              rng=jax.random.PRNGKey(1))
+  assert kernel_layers.install(layer) == 3
+  assert isinstance(layer, kernel_layers.KernelSparseQKV)
+  stored = kernel_layers.store_weights(layer, weights, 'q8')
+  fused, text = _sparse_qkv_steps(layer, stored, state, xs, True)
+  assert text.count('tf_sparse_qkv') == 1 and 'tf_q8_matmul' not in text
+  three, text = _sparse_qkv_steps(layer, stored, state, xs, False)
+  assert text.count('tf_q8_matmul') == 3 and 'tf_sparse_qkv' not in text
+  for (out, kept), (out3, kept3) in zip(fused, three):
+    for y, y3 in zip(out, out3):
+      assert y.shape == (batch, 1, d_model)
+      np.testing.assert_array_equal(y, y3)
+    np.testing.assert_array_equal(kept[1], kept3[1])
+  layer._tf_use_ffi = False  # pylint: disable=protected-access
+  for sub in layer.sublayers:
+    sub._tf_use_ffi = False  # pylint: disable=protected-access
+  xla, _ = _sparse_qkv_steps(layer, stored, state, xs, True)
+  for (out, kept), (out_xla, kept_xla) in zip(fused, xla):
+    for y, y_xla in zip(out, out_xla):
+      np.testing.assert_allclose(y, y_xla, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(kept[1], kept_xla[1], rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize('case', ['prompt', 'same_kernels', 'int8'])
+def test_sparse_qkv_keeps_the_layers_calls_where_it_cannot_fuse(gemv_isa,
+                                                                 case):
+  """A prompt (two positions), module kernels that 'q8' stores as one
+  product (3, 3, 3) and int8 storage (no packed E) run the sublayers, each
+  with its own kernel."""
+  gemv_isa(kernels.GEMV_ISA_NAMES[-1])
+  length = 2 if case == 'prompt' else 1
+  x = jax.random.normal(jax.random.PRNGKey(8), (1, length, 64))
+  layer = SparseQKV(64, 4, 3, 3, causal=True, mode='predict',
+                    value_module_kernel_size=3 if case == 'same_kernels'
+                    else 1)
+  weights, state = layer.init(shapes.signature(x), rng=jax.random.PRNGKey(2))
+  kernel_layers.install(layer)
+  storage = 'int8' if case == 'int8' else 'q8'
+  stored = kernel_layers.store_weights(layer, weights, storage)
+  text = jax.jit(layer.pure_fn).lower(x, stored, state,
+                                      jax.random.PRNGKey(0)).as_text()
+  assert 'tf_sparse_qkv' not in text
+  assert ('tf_skinny_matmul' if case == 'int8' else 'tf_q8_matmul') in text
+
+
+def test_sparse_qkv_kernel_rejects_mismatched_operands(gemv_isa):
+  """Operands whose shapes disagree get one line naming what is wrong."""
+  gemv_isa(kernels.GEMV_ISA_NAMES[-1])
+  layer = SparseQKV(64, 4, 3, 3, causal=True, mode='predict')
+  x = jnp.ones((1, 1, 64))
+  weights, state = layer.init(shapes.signature(x), rng=jax.random.PRNGKey(3))
+  kernel_layers.install(layer)
+  (d, e, bias, e_scale, d_scale), conv = kernel_layers.store_weights(
+      layer, weights, 'q8')
+  k_qk, b_qk, k_v, b_v, s_qk, s_v = conv
+  with pytest.raises(Exception, match='tf_sparse_qkv: packed V kernel has'):
+    # The Q/K kernels where V's belong: 3 x 3 x 16 inputs, not 3 x 1 x 16.
+    jax.block_until_ready(kernels.sparse_qkv(
+        x, d, d_scale, e, e_scale, bias, state[1], k_qk, s_qk, b_qk, k_qk,
+        s_v, b_v, 3, 1))
+
+
+def _unfused_attention(monkeypatch):
+  """Sparse QKV attention as its sublayers' calls (tf_sparse_qkv, then
+  tf_cache_attention)."""
+  monkeypatch.setattr(kernel_layers.KernelSparseQKVAttention, 'forward',
+                      trax_combinators.Serial.forward)
+
+
+def _attention_steps(layer, x, stored, state, steps):
+  """A prompt, then `steps` single positions: [(outputs, state)], and the
+  HLO text of a single position's call."""
+  fn = jax.jit(layer.pure_fn)
+  _, state = fn(x, stored, state, jax.random.PRNGKey(0))
+  results, text = [], None
+  for t in range(steps):
+    xt = jax.random.normal(jax.random.PRNGKey(10 + t), (x[0].shape[0], 1) +
+                           x[0].shape[2:])
+    xt = (xt,) + tuple(x[1:])
+    xt = xt if len(xt) > 1 else xt[0]
+    if text is None:
+      text = fn.lower(xt, stored, state, jax.random.PRNGKey(0)).as_text()
+    out, state = fn(xt, stored, state, jax.random.PRNGKey(0))
+    results.append((out, state))
+  return jax.tree_util.tree_map(np.asarray, results), text
+
+
+@pytest.mark.parametrize('layout', ['terraformer', 'transformer'])
+@pytest.mark.parametrize('name', kernels.GEMV_ISA_NAMES)
+def test_sparse_qkv_attention_step_is_one_call_with_the_bits_of_two(
+    gemv_isa, monkeypatch, name, layout):
+  """A decoder's sparse QKV attention (the Terraformer's, reading the
+  encoder lengths and masking junk keys; the Scaling Transformer's) in 'q8'
+  decodes each position with one tf_sparse_qkv_attention call; outputs,
+  caches, kept inputs and position equal those of tf_sparse_qkv +
+  tf_cache_attention bit for bit (batch 2, examples of different lengths),
+  and XLA's quantized path to float rounding."""
+  gemv_isa(name)
+  d_model, modules, max_len = 64, 4, 16
+  if layout == 'terraformer':
+    layer = SelfAttention(d_model, 4, 'full', modules, causal=True,
+                          mode='predict', predict_mem_len=max_len)
+    x = (jax.random.normal(jax.random.PRNGKey(1), (2, 3, d_model)),
+         jnp.array([1, 2]))
+  else:
+    layer = TransformerSelfAttention(d_model, 4, 'full', modules,
+                                     causal=True, mode='predict',
+                                     max_len=max_len)
+    x = (jax.random.normal(jax.random.PRNGKey(1), (2, 3, d_model)),)
+  weights, state = layer.init(shapes.signature(x if len(x) > 1 else x[0]),
+                              rng=jax.random.PRNGKey(0))
+  kernel_layers.install(layer)
+  assert isinstance(layer, kernel_layers.KernelSparseQKVAttention)
+  stored = kernel_layers.store_weights(layer, weights, 'q8')
+  fused, text = _attention_steps(layer, x, stored, state, 4)
+  assert text.count('tf_sparse_qkv_attention') == 1
+  assert 'tf_cache_attention' not in text and 'tf_q8_matmul' not in text
+  with monkeypatch.context() as patch:
+    _unfused_attention(patch)
+    two, text = _attention_steps(layer, x, stored, state, 4)
+  assert 'tf_sparse_qkv_attention' not in text
+  assert 'tf_cache_attention' in text and 'tf_sparse_qkv' in text
+  for (out, st), (out2, st2) in zip(fused, two):
+    assert out.shape == (2, 1, d_model)
+    np.testing.assert_array_equal(out, out2)
+    for a, b in zip(jax.tree_util.tree_leaves(st),
+                    jax.tree_util.tree_leaves(st2)):
+      np.testing.assert_array_equal(a, b)
+  kernel_layers.install(layer, use_ffi=False)
+  xla, _ = _attention_steps(layer, x, stored, state, 4)
+  for (out, _), (out_xla, _) in zip(fused, xla):
+    np.testing.assert_allclose(out, out_xla, rtol=1e-5, atol=1e-5)
+
+
+def _terraformer_q8():
+  # d_model 64 over 4 modules: M = 16, whole groups of the Q8 layout.
+  return Terraformer(
+      input_vocab_size=96, d_model=64, d_ff=128, n_heads=4,
+      n_encoder_layers=1, n_decoder_layers=2, dropout=0.0, max_len=64,
+      ff_sparsity=8, d_lowrank=4, loss_sparsity=4, d_sru=8,
+      attention_sparsity=4, encoder_attention_type='full',
+      decoder_attention_type='full', predict_mem_len=64, mode='predict')
+
+
+def _scaling_q8():
+  return ScalingTransformer(
+      input_vocab_size=96, d_model=64, d_ff=128, n_encoder_layers=1,
+      n_decoder_layers=2, n_heads=4, dropout=0.0, max_len=64, d_lowrank=8,
+      ff_sparsity=8, attention_sparsity=4, loss_sparsity=4, mode='predict')
+
+
+@pytest.mark.parametrize('build', [_terraformer_q8, _scaling_q8],
+                         ids=['terraformer', 'scaling_transformer'])
+def test_decoding_step_attends_with_one_call_per_attention(gemv_isa,
+                                                           monkeypatch,
+                                                           build):
+  """A whole 'q8' decoding step: one tf_sparse_qkv_attention call per
+  decoder attention (2 per Terraformer block, 1 per Scaling Transformer
+  block), the caches aliased to the step's outputs and never copied; its
+  greedy decode has the logits, bit for bit, and tokens of the unfused
+  step."""
+  gemv_isa(kernels.GEMV_ISA_NAMES[-1])
+  logits, tokens, hlo = greedy(build, ('ffi', 'q8'), n_tokens=6,
+                               compiled=True)
+  per_block = 2 if build is _terraformer_q8 else 1
+  assert hlo.count('custom_call_target="tf_sparse_qkv_attention"') == (
+      2 * per_block)
+  assert 'input_output_alias' in hlo.splitlines()[0]
+  # A copy of a cache: f32[batch * heads, 64 positions, 16].
+  assert not re.findall(r'= f32\[4,64,16\]\{2,1,0\} copy\(', hlo)
+  with monkeypatch.context() as patch:
+    _unfused_attention(patch)
+    u_logits, u_tokens, u_hlo = greedy(build, ('ffi', 'q8'), n_tokens=6,
+                                       compiled=True)
+  assert 'tf_sparse_qkv_attention' not in u_hlo
+  np.testing.assert_array_equal(logits, u_logits)
+  assert tokens == u_tokens
