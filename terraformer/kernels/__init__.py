@@ -7,7 +7,8 @@ the library was not built (or fails to load), and callers then keep the XLA
 path: importing this package never needs the library.
 
   skinny_matmul(x, g, w, scale, bias)  y[t, s*N+n] = sum_k x g[s] scale W
-  sparse_ff(x, c1, c2, c, w1t, w2, b2, s1, s2, block)   a sparse FF block
+  sparse_ff(x, c1, c2, c, w1t, w2, b2, s1, s2, block[, norm])  a sparse FF
+      block (norm: the LayerNorm before it, in the same call)
   q8_matmul(x, packed, scale, g, bias)  skinny_matmul's product on int8
       weights packed output-major (`layers.pack_q8`) and int8 activations
   cache_attention(q, keys, values, idx, valid)  causal attention of a
@@ -30,6 +31,7 @@ import os
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
 _LIB_GLOB = '_decode_kernels*.so'
@@ -173,14 +175,26 @@ def skinny_matmul(x, w, g=None, scale=None, bias=None):
   return jax.ffi.ffi_call('tf_skinny_matmul', out)(_f32(x), g, scale, w, bias)
 
 
+def _norm_operands(norm):
+  """A kernel's optional LayerNorm: (scale, bias, epsilon) or None."""
+  if norm is None:
+    return (jnp.ones((1,), jnp.float32), jnp.zeros((1,), jnp.float32),
+            np.float32(0))
+  scale, bias, epsilon = norm
+  return _f32(scale), _f32(bias), np.float32(epsilon)  # An F32 attribute.
+
+
 def sparse_ff(x, c1, c2, c, w1t, w2, b2, block, s1=None, s2=None,
-              c2_scale=None):
+              c2_scale=None, norm=None):
   """The predict-mode sparse FF block (paper §3.1) of tokens x [..., d].
 
   C2 is float32 [r, F], or, with `c2_scale` [F], packed by
   `layers.pack_q8` (the controller's (x C1) C2 is then the Q8 product).
+  `norm` (scale [d], bias [d], epsilon): the block's input is first
+  `tl.LayerNorm`-ed (the LayerNorm before it, in the same call).
   """
   _require()
+  norm_scale, norm_bias, epsilon = _norm_operands(norm)
   ones = jnp.ones((w1t.shape[0],), jnp.float32)
   s1 = ones if s1 is None else _f32(s1)
   s2 = ones if s2 is None else _f32(s2)
@@ -191,7 +205,7 @@ def sparse_ff(x, c1, c2, c, w1t, w2, b2, block, s1=None, s2=None,
   out = jax.ShapeDtypeStruct(x.shape, jnp.float32)
   return jax.ffi.ffi_call('tf_sparse_ff', out)(
       _f32(x), _f32(c1), c2, c2_scale, _f32(c), w1t, w2, _f32(b2), s1, s2,
-      block=int(block))
+      norm_scale, norm_bias, block=int(block), epsilon=epsilon)
 
 
 def q8_matmul(x, packed, scale, g=None, bias=None, g_scale=None):
@@ -263,7 +277,7 @@ def sparse_qkv(x, d, d_scale, e, e_scale, e_bias, kept, qk, qk_scale, qk_bias,
 
 def sparse_qkv_attention(x, d, d_scale, e, e_scale, e_bias, kept, qk, qk_scale,
                          qk_bias, v, v_scale, v_bias, keys, values, idx,
-                         valid, qk_width, v_width):
+                         valid, qk_width, v_width, norm=None):
   """A sparse QKV attention step (paper §3.2, Fig. 4b) in one call.
 
   `sparse_qkv`'s operands, then the caches keys and values [N, L, D] float32
@@ -271,9 +285,11 @@ def sparse_qkv_attention(x, d, d_scale, e, e_scale, e_bias, kept, qk, qk_scale,
   step's position) and valid [N, L] bool (None: every key valid). k and v
   are written into the caches at idx, in place (the returned caches alias
   them), and q attends over positions <= idx as `cache_attention`.
+  `norm` (scale [d], bias [d], epsilon): x is first `tl.LayerNorm`-ed.
   Returns (y [B, 1, S * M], keys', values', kept').
   """
   _require()
+  norm_scale, norm_bias, epsilon = _norm_operands(norm)
   valid = (jnp.ones((1,), jnp.bool_) if valid is None
            else jnp.asarray(valid, jnp.bool_))
   b, _, s, m = kept.shape
@@ -287,5 +303,5 @@ def sparse_qkv_attention(x, d, d_scale, e, e_scale, e_bias, kept, qk, qk_scale,
           jnp.asarray(e, jnp.int8), _f32(e_scale), _f32(e_bias), _f32(kept),
           jnp.asarray(qk, jnp.int8), _f32(qk_scale), _f32(qk_bias),
           jnp.asarray(v, jnp.int8), _f32(v_scale), _f32(v_bias), keys,
-          values, valid, jnp.asarray(idx, jnp.int32),
-          qk_width=int(qk_width), v_width=int(v_width)))
+          values, valid, jnp.asarray(idx, jnp.int32), norm_scale, norm_bias,
+          qk_width=int(qk_width), v_width=int(v_width), epsilon=epsilon))

@@ -22,6 +22,8 @@
 //     multiplicative layer and the Q/K and V convolutions in one call.
 //   tf_sparse_qkv_attention: that step, the keys and values written into
 //     their caches in place and the attention over them, in one call.
+// tf_sparse_ff and tf_sparse_qkv_attention can first apply the LayerNorm
+// that precedes them in a block (NormRows).
 //
 // Vectorized with AVX-512 (F/BW/VL) or AVX2+FMA, chosen at run time with
 // __builtin_cpu_supports; plain loops otherwise (tf_q8_matmul: AVX-512
@@ -1223,6 +1225,45 @@ ffi::Error SkinnyMatmulImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x,
 // pool takes evenly.
 constexpr int64_t kFFChunks = 4;
 
+// Trax's tl.LayerNorm (center, epsilon) of rows x [T, d]: (x - mean) /
+// sqrt(var + epsilon) * scale + bias, mean and var over each row (summed in
+// double). A decoding step's kernels take it as an optional first operation
+// (`norm`): scale [d] (or [1]: none), bias [d]. Returns x, or `out` when it
+// normalized into it.
+const float* NormRows(const float* x, int64_t T, int64_t d,
+                      const ffi::Buffer<ffi::F32>& scale,
+                      const ffi::Buffer<ffi::F32>& bias, float epsilon,
+                      std::vector<float>* out) {
+  if (static_cast<int64_t>(scale.element_count()) != d) return x;
+  out->resize(T * d);
+  const float* g = scale.typed_data();
+  const float* b = bias.typed_data();
+  for (int64_t t = 0; t < T; ++t) {
+    const float* xt = x + t * d;
+    float* yt = out->data() + t * d;
+    double sum = 0.0;
+    for (int64_t i = 0; i < d; ++i) sum += xt[i];
+    const float mean = static_cast<float>(sum / d);
+    double squares = 0.0;
+    for (int64_t i = 0; i < d; ++i) {
+      const float c = xt[i] - mean;
+      squares += static_cast<double>(c) * c;
+    }
+    const float root = std::sqrt(static_cast<float>(squares / d) + epsilon);
+    for (int64_t i = 0; i < d; ++i) yt[i] = (xt[i] - mean) / root * g[i] + b[i];
+  }
+  return out->data();
+}
+
+// A norm's operands are valid: scale and bias [d], or scale [1] (none).
+bool NormFits(const ffi::Buffer<ffi::F32>& scale,
+              const ffi::Buffer<ffi::F32>& bias, int64_t d) {
+  return scale.element_count() == 1 ||
+         (static_cast<int64_t>(scale.element_count()) == d &&
+          static_cast<int64_t>(bias.element_count()) == d);
+}
+
+
 // x [T, d], C1 [d, r], C2 [r, F] float32 or packed for the Q8 GEMV
 // ([ceil(F / 16), r' / 4, 16, 4] int8, r' = r rounded up to 32, with its output
 // scales c2_scale [F]; [1] for float C2), c [F], W1ᵀ [F, d], W2 [F, d],
@@ -1233,8 +1274,15 @@ ffi::Error SparseFFImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x,
                         ffi::Buffer<ffi::F32> cb, ffi::AnyBuffer w1t,
                         ffi::AnyBuffer w2, ffi::Buffer<ffi::F32> b2,
                         ffi::Buffer<ffi::F32> s1, ffi::Buffer<ffi::F32> s2,
-                        ffi::ResultBuffer<ffi::F32> y, int64_t block) {
+                        ffi::Buffer<ffi::F32> norm_scale,
+                        ffi::Buffer<ffi::F32> norm_bias,
+                        ffi::ResultBuffer<ffi::F32> y, int64_t block,
+                        float epsilon) {
   const int64_t d = c1.dimensions()[0], r = c1.dimensions()[1];
+  if (!NormFits(norm_scale, norm_bias, d)) {
+    return ffi::Error(ffi::ErrorCode::kInvalidArgument,
+                      "tf_sparse_ff: the norm's scale and bias must be [d]");
+  }
   const bool q8_controller = c2.element_type() == ffi::DataType::S8;
   const int64_t F = q8_controller
                         ? static_cast<int64_t>(c2_scale.element_count())
@@ -1261,7 +1309,9 @@ ffi::Error SparseFFImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x,
                       "tf_sparse_ff: block size must divide d_ff");
   }
   const int64_t n_blocks = F / block;
-  const float* xp = x.typed_data();
+  thread_local std::vector<float> normed;
+  const float* xp = NormRows(x.typed_data(), T, d, norm_scale, norm_bias,
+                             epsilon, &normed);
   float* yp = y->typed_data();
   std::vector<float> low(T * r), logits(T * F);
   Isa isa = CurrentIsa();
@@ -1464,7 +1514,8 @@ void ConvPatches(const float* image, int64_t B, int64_t F, int64_t S,
 // packed (F qk_width M -> 2 M), scales and bias [2 M], the V kernel packed
 // (F v_width M -> M), scales and bias [M] -> q, k, v [B, S * M], kept'.
 std::string SparseQKVStep(
-    ffi::ThreadPool* pool, ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi::S8> dg,
+    ffi::ThreadPool* pool, const float* xp, int64_t x_count,
+    ffi::Buffer<ffi::S8> dg,
     ffi::Buffer<ffi::F32> dg_scale, ffi::Buffer<ffi::S8> e,
     ffi::Buffer<ffi::F32> e_scale, ffi::Buffer<ffi::F32> e_bias,
     ffi::Buffer<ffi::F32> kept, ffi::Buffer<ffi::S8> qk,
@@ -1478,7 +1529,7 @@ std::string SparseQKVStep(
     return "D must be [S, d] and the kept inputs [B, F - 1, S, M]";
   }
   const int64_t S = gd[0], K = gd[1], B = kd[0], F = kd[1] + 1, M = kd[3];
-  if (kd[2] != S || static_cast<int64_t>(x.element_count()) != B * K ||
+  if (kd[2] != S || x_count != B * K ||
       static_cast<int64_t>(dg_scale.element_count()) != S) {
     return "x must be [B, d], D's scales [S] and the kept inputs "
            "[B, F - 1, S, M]";
@@ -1514,7 +1565,7 @@ std::string SparseQKVStep(
   thread_local std::vector<float> y, image, patches, ones, qk_y;
   y.resize(B * S * M);
   image.resize(B * F * S * M);
-  Q8Matmul(pool, x.typed_data(), B, nullptr, S, K, e.typed_data(),
+  Q8Matmul(pool, xp, B, nullptr, S, K, e.typed_data(),
            e.dimensions()[0], e.dimensions()[1] * 4,
            Q8Out{e_scale.typed_data(), e_bias.typed_data(), S, M, y.data()},
            dg.typed_data(), dg_scale.typed_data());
@@ -1563,8 +1614,9 @@ ffi::Error SparseQKVImpl(
     ffi::ResultBuffer<ffi::F32> k_out, ffi::ResultBuffer<ffi::F32> v_out,
     ffi::ResultBuffer<ffi::F32> kept_out, int64_t qk_width, int64_t v_width) {
   std::string what = SparseQKVStep(
-      &pool, x, dg, dg_scale, e, e_scale, e_bias, kept, qk, qk_scale, qk_bias,
-      v, v_scale, v_bias, qk_width, v_width, q_out->typed_data(),
+      &pool, x.typed_data(), x.element_count(), dg, dg_scale, e, e_scale,
+      e_bias, kept, qk, qk_scale, qk_bias, v, v_scale, v_bias, qk_width,
+      v_width, q_out->typed_data(),
       k_out->typed_data(), v_out->typed_data(), kept_out->typed_data());
   if (!what.empty()) {
     return ffi::Error(ffi::ErrorCode::kInvalidArgument, "tf_sparse_qkv: " + what);
@@ -1669,10 +1721,12 @@ ffi::Error SparseQKVAttentionImpl(
     ffi::Buffer<ffi::S8> v, ffi::Buffer<ffi::F32> v_scale,
     ffi::Buffer<ffi::F32> v_bias, ffi::Buffer<ffi::F32> keys,
     ffi::Buffer<ffi::F32> values, ffi::Buffer<ffi::PRED> valid,
-    ffi::Buffer<ffi::S32> idx, ffi::ResultBuffer<ffi::F32> y,
+    ffi::Buffer<ffi::S32> idx, ffi::Buffer<ffi::F32> norm_scale,
+    ffi::Buffer<ffi::F32> norm_bias, ffi::ResultBuffer<ffi::F32> y,
     ffi::ResultBuffer<ffi::F32> keys_out,
     ffi::ResultBuffer<ffi::F32> values_out,
-    ffi::ResultBuffer<ffi::F32> kept_out, int64_t qk_width, int64_t v_width) {
+    ffi::ResultBuffer<ffi::F32> kept_out, int64_t qk_width, int64_t v_width,
+    float epsilon) {
   auto bad = [](const std::string& what) {
     return ffi::Error(ffi::ErrorCode::kInvalidArgument,
                       "tf_sparse_qkv_attention: " + what);
@@ -1690,14 +1744,21 @@ ffi::Error SparseQKVAttentionImpl(
   }
   const int64_t first = *idx.typed_data();
   if (first < 0 || first >= L) return bad("position outside the cache");
-  thread_local std::vector<float> q, k, v_new;
+  const int64_t d = dg.dimensions().size() == 2 ? dg.dimensions()[1] : 0;
+  if (d <= 0 || !NormFits(norm_scale, norm_bias, d) ||
+      static_cast<int64_t>(x.element_count()) % d != 0) {
+    return bad("x must be [B, d] and the norm's scale and bias [d]");
+  }
+  thread_local std::vector<float> q, k, v_new, normed;
   q.resize(features);
   k.resize(features);
   v_new.resize(features);
+  const float* xp = NormRows(x.typed_data(), x.element_count() / d, d,
+                             norm_scale, norm_bias, epsilon, &normed);
   std::string what = SparseQKVStep(
-      &pool, x, dg, dg_scale, e, e_scale, e_bias, kept, qk, qk_scale, qk_bias,
-      v, v_scale, v_bias, qk_width, v_width, q.data(), k.data(), v_new.data(),
-      kept_out->typed_data());
+      &pool, xp, x.element_count(), dg, dg_scale, e, e_scale, e_bias, kept,
+      qk, qk_scale, qk_bias, v, v_scale, v_bias, qk_width, v_width, q.data(),
+      k.data(), v_new.data(), kept_out->typed_data());
   if (!what.empty()) return bad(what);
   float* ks = keys_out->typed_data();
   float* vs = values_out->typed_data();
@@ -1747,8 +1808,11 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(tf_sparse_ff, SparseFFImpl,
                                   .Arg<ffi::Buffer<ffi::F32>>()
                                   .Arg<ffi::Buffer<ffi::F32>>()
                                   .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
                                   .Ret<ffi::Buffer<ffi::F32>>()
-                                  .Attr<int64_t>("block"));
+                                  .Attr<int64_t>("block")
+                                  .Attr<float>("epsilon"));
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(tf_sparse_qkv, SparseQKVImpl,
                               ffi::Ffi::Bind()
@@ -1793,12 +1857,15 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(tf_sparse_qkv_attention, SparseQKVAttentionImpl,
                                   .Arg<ffi::Buffer<ffi::F32>>()
                                   .Arg<ffi::Buffer<ffi::PRED>>()
                                   .Arg<ffi::Buffer<ffi::S32>>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
                                   .Ret<ffi::Buffer<ffi::F32>>()
                                   .Ret<ffi::Buffer<ffi::F32>>()
                                   .Ret<ffi::Buffer<ffi::F32>>()
                                   .Ret<ffi::Buffer<ffi::F32>>()
                                   .Attr<int64_t>("qk_width")
-                                  .Attr<int64_t>("v_width"));
+                                  .Attr<int64_t>("v_width")
+                                  .Attr<float>("epsilon"));
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(tf_cache_attention, CacheAttentionImpl,
                               ffi::Ffi::Bind()

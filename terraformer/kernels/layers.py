@@ -16,6 +16,8 @@ behaviour stay the same; only the predict-mode forward changes):
   SparseQKV + causal attention (predict)              tf_sparse_qkv_attention
                        -> KernelSparseQKVAttention    ('q8'; a decoder's
                           sparse QKV attention in one call per step)
+  LayerNorm + either of the two above or SparseFF     the same call, the
+                       -> KernelNormSerial            LayerNorm first in it
   PrefixCausalAttention (predict)                     tf_cache_attention
                        -> KernelPrefixCausalAttention
   CausalDotProductAttention (predict)                 tf_cache_attention
@@ -62,6 +64,7 @@ import numpy as np
 from trax import layers as tl
 from trax.layers import combinators as trax_combinators
 from trax.layers import core as trax_core
+from trax.layers import normalization as trax_normalization
 
 from terraformer import kernels
 from terraformer.layers.lsh_attention import CausalDotProductAttention
@@ -190,11 +193,21 @@ class KernelSparseFF(_KernelMixin, SparseFF):
   about as many bytes as the rows of W1ᵀ and W2 that a step reads.
   """
 
-  def _split(self):
-    c1, c2, c, w1t, w2, b2, *rest = self.weights
+  def _split(self, w=None):
+    c1, c2, c, w1t, w2, b2, *rest = self.weights if w is None else w
     c2_scale = rest.pop() if is_q8(c2) else None
     s1, s2 = rest if rest else (None, None)
     return (c1, c2, c, w1t, w2, b2), (s1, s2), c2_scale
+
+  def fused_step(self, x, weights, norm=None):
+    """The block of tokens x with `weights` as one `tf_sparse_ff` call,
+    first `tl.LayerNorm`-ing x when `norm` = (scale, bias, epsilon); None
+    where the kernel does not run (`_ffi`)."""
+    if not self._ffi(int(np.prod(x.shape[:-1]))):
+      return None
+    (c1, c2, c, w1t, w2, b2), (s1, s2), c2_scale = self._split(weights)
+    return kernels.sparse_ff(x, c1, c2, c, w1t, w2, b2, self._n_block,
+                             s1, s2, c2_scale, norm).astype(x.dtype)
 
   def controller_logits(self, x):
     c1, c2, bias = self.weights[:3]
@@ -204,11 +217,10 @@ class KernelSparseFF(_KernelMixin, SparseFF):
     return logits.reshape(x.shape[:-1] + (self.n_blocks, self._n_block))
 
   def _forward_selected_rows(self, x):
+    y = self.fused_step(x, self.weights)
+    if y is not None:
+      return y
     (c1, c2, c, w1t, w2, b2), (s1, s2), c2_scale = self._split()
-    tokens = int(np.prod(x.shape[:-1]))
-    if self._ffi(tokens):
-      return kernels.sparse_ff(x, c1, c2, c, w1t, w2, b2, self._n_block,
-                               s1, s2, c2_scale).astype(x.dtype)
     saved = self.weights
     self.weights = (c1, c2, c, _load(w1t, s1), _load(w2, s2), b2) + (
         () if c2_scale is None else (c2_scale,))
@@ -510,14 +522,17 @@ class KernelSparseQKVAttention(_KernelMixin, trax_combinators.Serial):
   or the attention kernel would not run, run the sublayers.
   """
 
-  def forward(self, xs):
-    x = xs[0] if isinstance(xs, (tuple, list)) else xs
+  def fused_step(self, x, weights, state, norm=None):
+    """(y, new state) of the step of x [B, 1, d] (the other inputs, the
+    Terraformer's lengths, are not read by a step) with `weights` and
+    `state` as one `tf_sparse_qkv_attention` call, first `tl.LayerNorm`-ing
+    x when `norm` = (scale, bias, epsilon); None where it cannot run."""
     i = 1 if self.sublayers[0].name.startswith('Select') else 0
     wrapped = isinstance(self.sublayers[i], PerExamplePrefill)
     qkv, attention = _sparse_qkv_of(self.sublayers[i]), self.sublayers[i + 2]
     unwrap = (lambda t: t[0]) if wrapped else (lambda t: t)
-    w_qkv, s_qkv = unwrap(self.weights[i]), unwrap(self.state[i])
-    s_att = self.state[i + 2]
+    w_qkv, s_qkv = unwrap(weights[i]), unwrap(state[i])
+    s_att = state[i + 2]
     if not (self._tf_use_ffi
             and kernels.has_kernel('tf_sparse_qkv_attention')
             and isinstance(qkv, KernelSparseQKV)
@@ -525,18 +540,102 @@ class KernelSparseQKVAttention(_KernelMixin, trax_combinators.Serial):
             and isinstance(attention, _KernelCacheAttention)
             and attention.reads_cache_in_place()
             and s_att[0].dtype == jnp.float32):
-      return super().forward(xs)
+      return None
     operands, widths = qkv.operands(w_qkv, s_qkv)
     masked = isinstance(attention, CausalDotProductAttention)
     ks, vs, *valid, idx = s_att
     y, ks, vs, kept = kernels.sparse_qkv_attention(
-        x, *operands, ks, vs, idx, valid[0] if masked else None, *widths)
+        x, *operands, ks, vs, idx, valid[0] if masked else None, *widths,
+        norm=norm)
     s_qkv = (s_qkv[0], kept.astype(s_qkv[1].dtype))
-    state = list(self.state)
+    state = list(state)
     state[i] = (s_qkv,) if wrapped else s_qkv
     state[i + 2] = (ks, vs, *valid, idx + 1)
+    return y.astype(x.dtype), tuple(state)
+
+  def forward(self, xs):
+    x = xs[0] if isinstance(xs, (tuple, list)) else xs
+    step = self.fused_step(x, self.weights, self.state)
+    if step is None:
+      return super().forward(xs)
+    y, self.state = step
+    return y
+
+
+def _norm_of(layer):
+  """The `tl.LayerNorm` (centred) that `layer` is, or that a Parallel
+  (LayerNorm, no-op) applies to its first input (the Terraformer's, beside
+  the encoder lengths); None for other layers."""
+  if isinstance(layer, trax_combinators.Parallel):
+    subs = layer.sublayers
+    if len(subs) != 2 or subs[1].sublayers or subs[1].n_in != 1:
+      return None
+    layer = subs[0]
+  if isinstance(layer, trax_normalization.LayerNorm) and layer._center:  # pylint: disable=protected-access
+    return layer
+  return None
+
+
+def _is_predict_dropout(layer):
+  return isinstance(layer, tl.Dropout) and layer._mode != 'train'  # pylint: disable=protected-access
+
+
+def _norm_block_parts(layer):
+  """(index of the LayerNorm, index of the kernel layer) of a block's
+  residual branch [Select[0]], LayerNorm, sparse FF or sparse QKV
+  attention, Dropout: a Serial; None for other layers."""
+  if type(layer) not in (trax_combinators.Serial, KernelNormSerial):  # pylint: disable=unidiomatic-typecheck
+    return None
+  subs = list(layer.sublayers)
+  i = 0
+  if subs and subs[0].name == 'Select[0]' and subs[0].n_out == 1:
+    i = 1
+  if len(subs) != i + 3 or _norm_of(subs[i]) is None:
+    return None
+  kernel = subs[i + 1]
+  fits = (isinstance(kernel, KernelSparseQKVAttention)
+          or _is_sparse_qkv_attention(kernel)
+          or (isinstance(kernel, SparseFF)
+              and getattr(kernel, '_mode', None) == 'predict'))
+  return (i, i + 1) if fits and _is_predict_dropout(subs[i + 2]) else None
+
+
+class KernelNormSerial(_KernelMixin, trax_combinators.Serial):
+  """A decoder block's residual branch, LayerNorm then a sparse FF block or
+  a sparse QKV attention (then Dropout, the identity when decoding; the
+  Terraformer's FF branch starts with Select[0], dropping the lengths),
+  whose decoding step is that kernel layer's one call with the LayerNorm
+  as its first operation (`fused_step`'s `norm`): `tf_sparse_ff` or
+  `tf_sparse_qkv_attention` normalizes x itself (the mean and variance
+  summed in double, so within float rounding of XLA's LayerNorm). Where
+  the kernel layer does not run its call, the sublayers run.
+  """
+
+  def forward(self, xs):
+    i_norm, i_kernel = _norm_block_parts(self)
+    x = xs[0] if isinstance(xs, (tuple, list)) else xs
+    norm = _norm_of(self.sublayers[i_norm])
+    w_norm = self.weights[i_norm]
+    if isinstance(self.sublayers[i_norm], trax_combinators.Parallel):
+      w_norm = w_norm[0]
+    scale, bias = w_norm
+    kernel = self.sublayers[i_kernel]
+    folded = (scale, bias, norm._epsilon)  # pylint: disable=protected-access
+    step = None
+    if isinstance(kernel, KernelSparseQKVAttention):
+      step = kernel.fused_step(x, self.weights[i_kernel],
+                               self.state[i_kernel], folded)
+    elif isinstance(kernel, KernelSparseFF) and (
+        not isinstance(self.state[i_kernel], dict)):
+      y = kernel.fused_step(x, self.weights[i_kernel], folded)
+      step = None if y is None else (y, self.state[i_kernel])
+    if step is None:
+      return super().forward(xs)
+    y, kernel_state = step
+    state = list(self.state)
+    state[i_kernel] = kernel_state
     self.state = tuple(state)
-    return y.astype(x.dtype)
+    return y
 
 
 @gin.configurable(module='terraformer')
@@ -608,6 +707,8 @@ def _kernel_class(layer, attention):
     return KernelSparseQKV
   if attention and _is_sparse_qkv_attention(layer):
     return KernelSparseQKVAttention
+  if _norm_block_parts(layer) is not None:
+    return KernelNormSerial
   if getattr(layer, '_mode', None) == 'predict':
     if type(layer) in _PREDICT_KERNEL_CLASSES:
       return _PREDICT_KERNEL_CLASSES[type(layer)]

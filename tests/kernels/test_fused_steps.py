@@ -15,6 +15,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from trax import layers as tl
 from trax import shapes
 from trax.layers import combinators as trax_combinators
 
@@ -22,6 +23,7 @@ from terraformer import kernels
 from terraformer.kernels import layers as kernel_layers
 from terraformer.layers.attention import SelfAttention
 from terraformer.layers.attention import TransformerSelfAttention
+from terraformer.layers.sparse_ff import SparseFF
 from terraformer.layers.sparse_qkv_attention import SparseQKV
 from greedy_decoding import greedy  # tests/greedy_decoding.py
 from terraformer.models import ScalingTransformer
@@ -137,8 +139,10 @@ def test_sparse_qkv_kernel_rejects_mismatched_operands(gemv_isa):
 
 def _unfused_attention(monkeypatch):
   """Sparse QKV attention as its sublayers' calls (tf_sparse_qkv, then
-  tf_cache_attention)."""
-  monkeypatch.setattr(kernel_layers.KernelSparseQKVAttention, 'forward',
+  tf_cache_attention), and LayerNorms as XLA's."""
+  monkeypatch.setattr(kernel_layers.KernelSparseQKVAttention, 'fused_step',
+                      lambda self, *args, **kwargs: None)
+  monkeypatch.setattr(kernel_layers.KernelNormSerial, 'forward',
                       trax_combinators.Serial.forward)
 
 
@@ -231,15 +235,23 @@ def test_decoding_step_attends_with_one_call_per_attention(gemv_isa,
                                                            build):
   """A whole 'q8' decoding step: one tf_sparse_qkv_attention call per
   decoder attention (2 per Terraformer block, 1 per Scaling Transformer
-  block), the caches aliased to the step's outputs and never copied; its
-  greedy decode has the logits, bit for bit, and tokens of the unfused
-  step."""
+  block), its LayerNorm inside, the caches aliased to the step's outputs
+  and never copied; each sparse FF block's LayerNorm in its tf_sparse_ff
+  call. Its greedy decode has the tokens of the unfused step (XLA's
+  LayerNorms, tf_sparse_qkv and tf_cache_attention), the logits within
+  float rounding."""
   gemv_isa(kernels.GEMV_ISA_NAMES[-1])
   logits, tokens, hlo = greedy(build, ('ffi', 'q8'), n_tokens=6,
                                compiled=True)
   per_block = 2 if build is _terraformer_q8 else 1
-  assert hlo.count('custom_call_target="tf_sparse_qkv_attention"') == (
-      2 * per_block)
+  calls = re.findall(r'custom_call_target="(tf_\w+)", operand_layout_'
+                     r'constraints=\{(.*?\})\}', hlo)
+  # The LayerNorm's scale and bias [d_model] are the last two operands of
+  # every fused attention and of the 2 decoder blocks' sparse FF calls.
+  normed = lambda target: [o.endswith('f32[64]{0}, f32[64]{0}')
+                           for t, o in calls if t == target]
+  assert normed('tf_sparse_qkv_attention') == [True] * 2 * per_block
+  assert sum(normed('tf_sparse_ff')) == 2
   assert 'input_output_alias' in hlo.splitlines()[0]
   # A copy of a cache: f32[batch * heads, 64 positions, 16].
   assert not re.findall(r'= f32\[4,64,16\]\{2,1,0\} copy\(', hlo)
@@ -248,5 +260,56 @@ def test_decoding_step_attends_with_one_call_per_attention(gemv_isa,
     u_logits, u_tokens, u_hlo = greedy(build, ('ffi', 'q8'), n_tokens=6,
                                        compiled=True)
   assert 'tf_sparse_qkv_attention' not in u_hlo
-  np.testing.assert_array_equal(logits, u_logits)
+  np.testing.assert_allclose(logits, u_logits, rtol=0, atol=1e-4)
   assert tokens == u_tokens
+
+
+@pytest.mark.parametrize('kind', ['attention', 'sparse_ff'])
+@pytest.mark.parametrize('storage', ['q8', 'int8', 'float32'])
+def test_layer_norm_runs_inside_the_next_kernel_call(gemv_isa, kind,
+                                                     storage):
+  """A block's branch LayerNorm -> sparse QKV attention (the Terraformer's,
+  beside the lengths) or -> sparse FF (the Terraformer's, after
+  Select[0]), then Dropout: the decoding step is the kernel's one call
+  with the LayerNorm in it (no reduction left to XLA), within float
+  rounding of XLA's LayerNorm and the same call without it. The attention
+  fuses in 'q8' only; the sparse FF in every storage."""
+  gemv_isa(kernels.GEMV_ISA_NAMES[-1])
+  d_model = 64
+  if kind == 'attention':
+    inner = [tl.Parallel(tl.LayerNorm(), []),
+             SelfAttention(d_model, 4, 'full', 4, causal=True,
+                           mode='predict', predict_mem_len=16)]
+  else:
+    inner = [tl.Select([0], n_in=2), tl.LayerNorm(),
+             SparseFF(128, 8, 4, mode='predict')]
+  layer = tl.Serial(*inner, tl.Dropout(rate=0.1, mode='predict'))
+  x = (jax.random.normal(jax.random.PRNGKey(1), (1, 3, d_model)) * 3 + 1,
+       jnp.array([2]))
+  weights, state = layer.init(shapes.signature(x), rng=jax.random.PRNGKey(0))
+  weights = jax.tree_util.tree_map(
+      lambda w: w + 0.1 * jax.random.normal(jax.random.PRNGKey(4), w.shape)
+      if w.dtype == jnp.float32 else w, weights)  # LayerNorm scale != 1.
+  kernel_layers.install(layer)
+  assert isinstance(layer, kernel_layers.KernelNormSerial)
+  stored = kernel_layers.store_weights(layer, weights, storage)
+  fused, text = _attention_steps(layer, x, stored, state, 3)
+  target = ('tf_sparse_qkv_attention' if kind == 'attention'
+            else 'tf_sparse_ff')
+  folds = storage == 'q8' or kind == 'sparse_ff'
+  assert (target in text) == folds
+  assert ('stablehlo.reduce' not in text) == folds
+  saved = kernel_layers.KernelNormSerial.forward
+  try:
+    kernel_layers.KernelNormSerial.forward = trax_combinators.Serial.forward
+    apart, text = _attention_steps(layer, x, stored, state, 3)
+  finally:
+    kernel_layers.KernelNormSerial.forward = saved
+  assert 'stablehlo.reduce' in text  # XLA's LayerNorm.
+  for (out, st), (out2, st2) in zip(fused, apart):
+    np.testing.assert_allclose(out, out2, rtol=1e-5, atol=1e-5)
+    for a, b in zip(jax.tree_util.tree_leaves(st),
+                    jax.tree_util.tree_leaves(st2)):
+      np.testing.assert_allclose(np.asarray(a, np.float32),
+                                 np.asarray(b, np.float32),
+                                 rtol=1e-5, atol=1e-5)
