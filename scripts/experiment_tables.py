@@ -253,8 +253,9 @@ def kernel_layers(data, opts):
 
 def _operation(group):
   """A `by_operation` group as a cell: 'tf_q8_matmul (operand shapes) ->
-  output shape' for kernel calls (layouts dropped), else the kind."""
-  m = re.match(r'custom-call (\S+) (\S+)(?: <- (.*))?$', group)
+  output shape' (a tuple of them for several outputs) for kernel calls
+  (layouts dropped), else the kind."""
+  m = re.match(r'custom-call (\([^()]*\)|\S+) (\S+)(?: <- (.*))?$', group)
   if not m:
     return group
   out, target, operands = m.groups()

@@ -395,12 +395,16 @@ def test_profile_rows_are_a_models_wall_time_then_its_costliest_operations(
     tmp_path):
   q8 = ('custom-call f32[1,1,9216]{2,1,0} tf_q8_matmul <- f32[1,1,9216], '
         's8[64,9216], f32[64], s8[9,2304,16,4], f32[144], f32[9216]')
+  # Several outputs: a tuple shape.
+  qkv = ('custom-call (f32[1,1,64]{2,1,0}, f32[1,2,4,16]{3,2,1,0}) '
+         'tf_sparse_qkv <- f32[1,1,64], s8[4,64]')
   summary = {'ops_per_step': 250, 'wall_ms_per_step': 20.125,
              'busy_ms_per_step': 19.5,
-             'by_operation': [[q8, 6.0, 12], ['fusion', 1.0, 300],
-                              ['copy', 0.25, 30], ['stack', 0.125, 12]]}
+             'by_operation': [[q8, 6.0, 12], [qkv, 2.0, 2],
+                              ['fusion', 1.0, 300], ['copy', 0.25, 30],
+                              ['stack', 0.125, 12]]}
   path = _write(tmp_path, 'p.json', [{'name': 'tf_q8', 'summary': summary}])
-  code, table, figures = _run(tmp_path, 'profile', path, '--k=2',
+  code, table, figures = _run(tmp_path, 'profile', path, '--k=3',
                               '--label=tf_q8=Terraformer',
                               '--figure=wall=Terraformer:ms')
   assert code == 0
@@ -408,6 +412,8 @@ def test_profile_rows_are_a_models_wall_time_then_its_costliest_operations(
       ['Terraformer', 'wall (an operation running)', '250', '20.12 (19.50)'],
       ['', 'tf_q8_matmul (f32[1,1,9216], s8[64,9216], f32[64], '
        's8[9,2304,16,4], f32[144], f32[9216]) -> f32[1,1,9216]', '12', '6.00'],
+      ['', 'tf_sparse_qkv (f32[1,1,64], s8[4,64]) -> (f32[1,1,64], '
+       'f32[1,2,4,16])', '2', '2.00'],
       ['', 'fusion', '300', '1.00'],
       ['', 'the others', '42', '0.38']]
   assert figures == ['wall=20.12 (19.50)']

@@ -28,7 +28,9 @@ import numpy as np
 from terraformer.decoding import step as decode_step
 
 # `name = shape opcode(...)` of an optimized HLO instruction.
-_HLO_LINE = re.compile(r'^\s*(?:ROOT\s+)?%?([\w.\-]+)\s*=\s*(\S+)\s+([\w\-]+)\(')
+# A shape: one array's, or a tuple of them (a kernel with several outputs).
+_HLO_LINE = re.compile(
+    r'^\s*(?:ROOT\s+)?%?([\w.\-]+)\s*=\s*(\([^()]*\)|\S+)\s+([\w\-]+)\(')
 _TARGET = re.compile(r'custom_call_target="([^"]+)"')
 _OPERANDS = re.compile(
     r'operand_layout_constraints=\{((?:[^{}]|\{[^{}]*\})*)\}')

@@ -7,10 +7,12 @@ models in tests/benchmarks/test_decode_configs.py (xla_ops).
 """
 import jax
 import jax.numpy as jnp
+from trax import shapes
 
 from terraformer import kernels
 from terraformer.benchmarks import step_profile
 from terraformer.kernels import layers as kernel_layers
+from terraformer.layers.sparse_qkv_attention import SparseQKV
 
 
 def test_self_time_subtracts_nested_operations_of_the_same_thread_only():
@@ -73,6 +75,24 @@ def test_hlo_lines_give_a_kernel_calls_operand_shapes():
   assert desc == ('custom-call f32[1,32]{1,0} tf_q8_matmul <- f32[1,64], '
                   'f32[1,64], f32[1], s8[2,16,16,4], f32[32], f32[1] '
                   '(ffi_call)')
+
+
+def test_hlo_lines_name_a_kernel_with_several_outputs():
+  """A kernel returning a tuple (tf_sparse_qkv: q, k, v and the kept
+  inputs) is named by its tuple shape, target and operands."""
+  assert kernels.available(), kernels.unavailable_reason()
+  layer = SparseQKV(64, 4, 3, 3, causal=True, mode='predict')
+  x = jnp.ones((1, 1, 64))
+  weights, state = layer.init(shapes.signature(x))
+  kernel_layers.install(layer)
+  stored = kernel_layers.store_weights(layer, weights, 'q8')
+  text = jax.jit(layer.pure_fn).lower(
+      x, stored, state, jax.random.PRNGKey(0)).compile().as_text()
+  (desc,) = [d for d in step_profile.hlo_lines(text).values()
+             if 'tf_sparse_qkv' in d]
+  assert desc.startswith('custom-call (f32[1,1,64]{2,1,0}, f32[1,1,64]{2,1,0}, '
+                         'f32[1,1,64]{2,1,0}, f32[1,2,4,16]{3,2,1,0}) '
+                         'tf_sparse_qkv <- f32[1,1,64], s8[4,64], f32[4], ')
 
 
 def test_op_counts_include_the_branch_a_conditional_runs():
