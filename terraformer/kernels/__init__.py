@@ -241,11 +241,16 @@ def cache_attention(q, keys, values, idx, valid=None):
   values) without slicing the cache.
   """
   _require()
-  valid = (jnp.ones((1,), jnp.bool_) if valid is None
-           else jnp.asarray(valid, jnp.bool_))
   out = jax.ShapeDtypeStruct(q.shape, jnp.float32)
   return jax.ffi.ffi_call('tf_cache_attention', out)(
-      _f32(q), keys, values, valid, jnp.asarray(idx, jnp.int32))
+      _f32(q), keys, values, _valid_keys(valid), jnp.asarray(idx, jnp.int32))
+
+
+def _valid_keys(valid):
+  """The attention kernels' valid-key mask: [N, M] bool, or [1] (every key
+  valid) for None."""
+  return (jnp.ones((1,), jnp.bool_) if valid is None
+          else jnp.asarray(valid, jnp.bool_))
 
 
 def sparse_qkv(x, d, d_scale, e, e_scale, e_bias, kept, qk, qk_scale, qk_bias,
@@ -267,12 +272,20 @@ def sparse_qkv(x, d, d_scale, e, e_scale, e_bias, kept, qk, qk_scale, qk_bias,
   *qkv, kept = jax.ffi.ffi_call(
       'tf_sparse_qkv',
       (out, out, out, jax.ShapeDtypeStruct((b, f1, s, m), jnp.float32)))(
-          _f32(x), jnp.asarray(d, jnp.int8), _f32(d_scale),
-          jnp.asarray(e, jnp.int8), _f32(e_scale), _f32(e_bias), _f32(kept),
-          jnp.asarray(qk, jnp.int8), _f32(qk_scale), _f32(qk_bias),
-          jnp.asarray(v, jnp.int8), _f32(v_scale), _f32(v_bias),
+          *_sparse_qkv_operands(x, d, d_scale, e, e_scale, e_bias, kept, qk,
+                                qk_scale, qk_bias, v, v_scale, v_bias),
           qk_width=int(qk_width), v_width=int(v_width))
   return tuple(qkv), kept
+
+
+def _sparse_qkv_operands(x, d, d_scale, e, e_scale, e_bias, kept, qk,
+                         qk_scale, qk_bias, v, v_scale, v_bias):
+  """Sparse QKV's 13 operands as its kernels take them (int8 matrices,
+  float32 others)."""
+  return (_f32(x), jnp.asarray(d, jnp.int8), _f32(d_scale),
+          jnp.asarray(e, jnp.int8), _f32(e_scale), _f32(e_bias), _f32(kept),
+          jnp.asarray(qk, jnp.int8), _f32(qk_scale), _f32(qk_bias),
+          jnp.asarray(v, jnp.int8), _f32(v_scale), _f32(v_bias))
 
 
 def sparse_qkv_attention(x, d, d_scale, e, e_scale, e_bias, kept, qk, qk_scale,
@@ -290,18 +303,16 @@ def sparse_qkv_attention(x, d, d_scale, e, e_scale, e_bias, kept, qk, qk_scale,
   """
   _require()
   norm_scale, norm_bias, epsilon = _norm_operands(norm)
-  valid = (jnp.ones((1,), jnp.bool_) if valid is None
-           else jnp.asarray(valid, jnp.bool_))
+  operands = _sparse_qkv_operands(x, d, d_scale, e, e_scale, e_bias, kept, qk,
+                                  qk_scale, qk_bias, v, v_scale, v_bias)
   b, _, s, m = kept.shape
   caches = jax.ShapeDtypeStruct(keys.shape, jnp.float32)
   return tuple(jax.ffi.ffi_call(
       'tf_sparse_qkv_attention',
       (jax.ShapeDtypeStruct((b, 1, s * m), jnp.float32), caches, caches,
        jax.ShapeDtypeStruct(kept.shape, jnp.float32)),
-      input_output_aliases={13: 1, 14: 2})(
-          _f32(x), jnp.asarray(d, jnp.int8), _f32(d_scale),
-          jnp.asarray(e, jnp.int8), _f32(e_scale), _f32(e_bias), _f32(kept),
-          jnp.asarray(qk, jnp.int8), _f32(qk_scale), _f32(qk_bias),
-          jnp.asarray(v, jnp.int8), _f32(v_scale), _f32(v_bias), keys,
-          values, valid, jnp.asarray(idx, jnp.int32), norm_scale, norm_bias,
+      # The caches, right after sparse QKV's operands, are results 1 and 2.
+      input_output_aliases={len(operands): 1, len(operands) + 1: 2})(
+          *operands, keys, values, _valid_keys(valid),
+          jnp.asarray(idx, jnp.int32), norm_scale, norm_bias,
           qk_width=int(qk_width), v_width=int(v_width), epsilon=epsilon))

@@ -1225,6 +1225,27 @@ ffi::Error SkinnyMatmulImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x,
 // pool takes evenly.
 constexpr int64_t kFFChunks = 4;
 
+// What is wrong with a packed matrix's dimensions `pd` for K inputs and N
+// outputs (pack_q8: [ceil(N / 16), Kp / 4, 16, 4], Kp = K rounded up to a
+// multiple of 32); "" when nothing.
+std::string PackedProblem(const char* name, ffi::Span<const int64_t> pd,
+                          int64_t K, int64_t N) {
+  if (pd.size() != 4 || pd[2] != kQ8Rows || pd[3] != 4) {
+    return std::string("packed ") + name + " must be [G, Kp / 4, 16, 4]";
+  }
+  const int64_t kp = pd[1] * 4;
+  if (K <= 0 || kp != (K + kQ8Block - 1) / kQ8Block * kQ8Block) {
+    return std::string("packed ") + name + " has " + std::to_string(kp) +
+           " inputs for K = " + std::to_string(K) +
+           " (K rounded up to a multiple of 32)";
+  }
+  if (pd[0] != (N + kQ8Rows - 1) / kQ8Rows) {
+    return std::string("packed ") + name + " has " + std::to_string(pd[0]) +
+           " groups of 16 outputs for " + std::to_string(N) + " scales";
+  }
+  return "";
+}
+
 // Trax's tl.LayerNorm (center, epsilon) of rows x [T, d]: (x - mean) /
 // sqrt(var + epsilon) * scale + bias, mean and var over each row (summed in
 // double). A decoding step's kernels take it as an optional first operation
@@ -1289,12 +1310,9 @@ ffi::Error SparseFFImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x,
                         : c2.dimensions()[1];
   const int64_t T = x.element_count() / d;
   if (q8_controller) {
-    auto cd = c2.dimensions();
-    if (cd.size() != 4 || cd[0] != (F + kQ8Rows - 1) / kQ8Rows || cd[2] != kQ8Rows ||
-        cd[3] != 4 || cd[1] * 4 != (r + kQ8Block - 1) / kQ8Block * kQ8Block) {
-      return ffi::Error(ffi::ErrorCode::kInvalidArgument,
-                        "tf_sparse_ff: an int8 C2 must be packed for the Q8 "
-                        "GEMV as [ceil(F / 16), r' / 4, 16, 4] with F scales");
+    if (std::string what = PackedProblem("C2", c2.dimensions(), r, F);
+        !what.empty()) {
+      return ffi::Error(ffi::ErrorCode::kInvalidArgument, "tf_sparse_ff: " + what);
     }
   } else if (c2.element_type() != ffi::DataType::F32) {
     return ffi::Error(ffi::ErrorCode::kInvalidArgument,
@@ -1413,27 +1431,6 @@ ffi::Error SparseFFImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x,
 // x [T, K], g [S, K] (float32, or int8 with g_scale [S]: one scale per
 // row; else g_scale is a dummy [1]), P [G, Kp / 4, 16, 4] int8 (output-major,
 // see "The Q8 GEMV"), w_scale [N], b [S * N] or [1] (no bias) -> y [T, S * N].
-// What is wrong with a packed matrix's dimensions `pd` for K inputs and N
-// outputs (pack_q8: [ceil(N / 16), Kp / 4, 16, 4], Kp = K rounded up to a
-// multiple of 32); "" when nothing.
-std::string PackedProblem(const char* name, ffi::Span<const int64_t> pd,
-                          int64_t K, int64_t N) {
-  if (pd.size() != 4 || pd[2] != kQ8Rows || pd[3] != 4) {
-    return std::string("packed ") + name + " must be [G, Kp / 4, 16, 4]";
-  }
-  const int64_t kp = pd[1] * 4;
-  if (K <= 0 || kp != (K + kQ8Block - 1) / kQ8Block * kQ8Block) {
-    return std::string("packed ") + name + " has " + std::to_string(kp) +
-           " inputs for K = " + std::to_string(K) +
-           " (K rounded up to a multiple of 32)";
-  }
-  if (pd[0] != (N + kQ8Rows - 1) / kQ8Rows) {
-    return std::string("packed ") + name + " has " + std::to_string(pd[0]) +
-           " groups of 16 outputs for " + std::to_string(N) + " scales";
-  }
-  return "";
-}
-
 ffi::Error Q8MatmulImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x,
                         ffi::AnyBuffer g, ffi::Buffer<ffi::F32> g_scale,
                         ffi::Buffer<ffi::S8> p,
@@ -1444,9 +1441,7 @@ ffi::Error Q8MatmulImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x,
   };
   auto pd = p.dimensions();
   auto gd = g.dimensions();
-  if (pd.size() != 4 || pd[2] != kQ8Rows || pd[3] != 4 || gd.size() != 2) {
-    return bad("packed W must be [G, Kp / 4, 16, 4] and g [S, K]");
-  }
+  if (gd.size() != 2) return bad("g must be [S, K]");
   const int64_t S = gd[0], K = gd[1];
   const bool g_int8 = g.element_type() == ffi::DataType::S8;
   if (!g_int8 && g.element_type() != ffi::DataType::F32) {
@@ -1455,11 +1450,11 @@ ffi::Error Q8MatmulImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x,
   if (g_int8 && static_cast<int64_t>(g_scale.element_count()) != S) {
     return bad("an int8 g [S, K] needs S row scales");
   }
-  const int64_t kp = pd[1] * 4, n_groups = pd[0];
   const int64_t N = w_scale.element_count();
   if (std::string what = PackedProblem("W", pd, K, N); !what.empty()) {
     return bad(what);
   }
+  const int64_t kp = pd[1] * 4, n_groups = pd[0];
   if (x.element_count() % K != 0) return bad("x's last axis is not K");
   const int64_t T = x.element_count() / K;
   // else a dummy [1]
