@@ -43,7 +43,8 @@ GEMV_ISA_ENV = 'TERRAFORMER_GEMV_ISA'
 _state = {'lib': None, 'tried': False, 'error': None}
 # Kernels a library built from an older source may lack: the others still
 # load, and callers of these keep XLA's code.
-_OPTIONAL = ('tf_cache_attention', 'tf_sparse_qkv', 'tf_sparse_qkv_attention')
+_OPTIONAL = ('tf_cache_attention', 'tf_sparse_qkv', 'tf_sparse_qkv_attention',
+             'tf_terraformer_block')
 
 
 def library_path():
@@ -194,6 +195,17 @@ def sparse_ff(x, c1, c2, c, w1t, w2, b2, block, s1=None, s2=None,
   `tl.LayerNorm`-ed (the LayerNorm before it, in the same call).
   """
   _require()
+  operands, epsilon = _sparse_ff_operands(c1, c2, c, w1t, w2, b2, s1, s2,
+                                          c2_scale, norm)
+  out = jax.ShapeDtypeStruct(x.shape, jnp.float32)
+  return jax.ffi.ffi_call('tf_sparse_ff', out)(
+      _f32(x), *operands, block=int(block), epsilon=epsilon)
+
+
+def _sparse_ff_operands(c1, c2, c, w1t, w2, b2, s1=None, s2=None,
+                        c2_scale=None, norm=None):
+  """The sparse FF's 11 operands after x as its kernels take them, and the
+  norm's epsilon."""
   norm_scale, norm_bias, epsilon = _norm_operands(norm)
   ones = jnp.ones((w1t.shape[0],), jnp.float32)
   s1 = ones if s1 is None else _f32(s1)
@@ -202,10 +214,8 @@ def sparse_ff(x, c1, c2, c, w1t, w2, b2, block, s1=None, s2=None,
     c2, c2_scale = _f32(c2), jnp.ones((1,), jnp.float32)
   else:
     c2, c2_scale = jnp.asarray(c2, jnp.int8), _f32(c2_scale)
-  out = jax.ShapeDtypeStruct(x.shape, jnp.float32)
-  return jax.ffi.ffi_call('tf_sparse_ff', out)(
-      _f32(x), _f32(c1), c2, c2_scale, _f32(c), w1t, w2, _f32(b2), s1, s2,
-      norm_scale, norm_bias, block=int(block), epsilon=epsilon)
+  return (_f32(c1), c2, c2_scale, _f32(c), w1t, w2, _f32(b2), s1, s2,
+          norm_scale, norm_bias), epsilon
 
 
 def q8_matmul(x, packed, scale, g=None, bias=None, g_scale=None):
@@ -302,9 +312,9 @@ def sparse_qkv_attention(x, d, d_scale, e, e_scale, e_bias, kept, qk, qk_scale,
   Returns (y [B, 1, S * M], keys', values', kept').
   """
   _require()
-  norm_scale, norm_bias, epsilon = _norm_operands(norm)
-  operands = _sparse_qkv_operands(x, d, d_scale, e, e_scale, e_bias, kept, qk,
-                                  qk_scale, qk_bias, v, v_scale, v_bias)
+  operands, epsilon = _attention_operands(
+      x, d, d_scale, e, e_scale, e_bias, kept, qk, qk_scale, qk_bias, v,
+      v_scale, v_bias, keys, values, idx, valid, norm)
   b, _, s, m = kept.shape
   caches = jax.ShapeDtypeStruct(keys.shape, jnp.float32)
   return tuple(jax.ffi.ffi_call(
@@ -312,7 +322,82 @@ def sparse_qkv_attention(x, d, d_scale, e, e_scale, e_bias, kept, qk, qk_scale,
       (jax.ShapeDtypeStruct((b, 1, s * m), jnp.float32), caches, caches,
        jax.ShapeDtypeStruct(kept.shape, jnp.float32)),
       # The caches, right after sparse QKV's operands, are results 1 and 2.
-      input_output_aliases={len(operands): 1, len(operands) + 1: 2})(
-          *operands, keys, values, _valid_keys(valid),
-          jnp.asarray(idx, jnp.int32), norm_scale, norm_bias,
-          qk_width=int(qk_width), v_width=int(v_width), epsilon=epsilon))
+      input_output_aliases={13: 1, 14: 2})(
+          *operands, qk_width=int(qk_width), v_width=int(v_width),
+          epsilon=epsilon))
+
+
+def _attention_operands(x, d, d_scale, e, e_scale, e_bias, kept, qk, qk_scale,
+                        qk_bias, v, v_scale, v_bias, keys, values, idx, valid,
+                        norm=None):
+  """`tf_sparse_qkv_attention`'s 19 operands (x, sparse QKV's 12, the
+  caches, valid, idx, the norm's scale and bias) and the norm's epsilon."""
+  norm_scale, norm_bias, epsilon = _norm_operands(norm)
+  return (_sparse_qkv_operands(x, d, d_scale, e, e_scale, e_bias, kept, qk,
+                               qk_scale, qk_bias, v, v_scale, v_bias)
+          + (keys, values, _valid_keys(valid), jnp.asarray(idx, jnp.int32),
+             norm_scale, norm_bias)), epsilon
+
+
+def terraformer_block(x1, x2, attentions, ff, sru):
+  """A Terraformer decoder block's step (§4.1-4.3) in one call.
+
+  On the reversible streams x1, x2 [B, 1, d]:
+    y = x1 + A(x2),  z = x2 + B(y),  w = y + (FF(z) + SRU(z)),
+  returns (z, w) = (x1', x2'), as `models.terraformer._DecoderBlock`'s
+  half-residuals and swaps compute them. `attentions`: A's and B's
+  keyword arguments of `sparse_qkv_attention` after x (their norms
+  included; the same kernel widths); `ff`: `sparse_ff`'s after x (C2
+  packed); `sru`: the SRU path's: norm (scale, bias, epsilon), the
+  first dense layer (`down`: packed W, scales, bias), the cell's W [n, 3n],
+  b [3n] and state c [B, n], the second dense layer (`up`), highway_scale
+  and activation (None or 'tanh'). Every norm has the same epsilon.
+  Returns (x1', x2', (keys', values', kept') of A and of B, c').
+  """
+  _require()
+  operands = [_f32(x1), _f32(x2)]
+  epsilons, widths = [], set()
+  for attention in attentions:
+    a = dict(attention)
+    widths.add((int(a.pop('qk_width')), int(a.pop('v_width'))))
+    ops, epsilon = _attention_operands(x1, **a)
+    operands += ops[1:]
+    epsilons.append(epsilon)
+  ff = dict(ff)
+  block = int(ff.pop('block'))
+  ops, epsilon = _sparse_ff_operands(**ff)
+  operands += ops
+  epsilons.append(epsilon)
+  scale, bias, epsilon = sru['norm']
+  epsilons.append(np.float32(epsilon))
+  operands += [_f32(scale), _f32(bias), *_q8_dense(*sru['down']),
+               _f32(sru['w']), _f32(sru['b']), _f32(sru['c']),
+               *_q8_dense(*sru['up'])]
+  if len(widths) != 1 or len(set(epsilons)) != 1:
+    raise ValueError('tf_terraformer_block: the two attentions must have the '
+                     'same kernel widths and every norm the same epsilon')
+  (qk_width, v_width), = widths
+  attention_a, attention_b = attentions
+  caches = []
+  for a in (attention_a, attention_b):
+    caches += [jax.ShapeDtypeStruct(a['keys'].shape, jnp.float32)] * 2
+    caches.append(jax.ShapeDtypeStruct(a['kept'].shape, jnp.float32))
+  stream = jax.ShapeDtypeStruct(x1.shape, jnp.float32)
+  out = (stream, stream, *caches,
+         jax.ShapeDtypeStruct(sru['c'].shape, jnp.float32))
+  # Operand index of each attention's caches: after x1, x2 and 12 sparse
+  # QKV operands, then 18 operands per attention.
+  aliases = {14: 2, 15: 3, 32: 5, 33: 6}
+  results = jax.ffi.ffi_call('tf_terraformer_block', out,
+                             input_output_aliases=aliases)(
+      *operands, qk_width=qk_width, v_width=v_width, block=block,
+      epsilon=epsilons[0], highway_scale=np.float32(sru['highway_scale']),
+      use_tanh=sru['activation'] == 'tanh')
+  z, w, *caches, c = results
+  return z, w, tuple(caches[:3]), tuple(caches[3:]), c
+
+
+def _q8_dense(packed, scale, bias=None):
+  """A 'q8' dense layer's operands: packed W, its scales, bias or [1]."""
+  bias = jnp.zeros((1,), jnp.float32) if bias is None else _f32(bias)
+  return jnp.asarray(packed, jnp.int8), _f32(scale), bias

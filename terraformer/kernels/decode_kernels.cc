@@ -1289,48 +1289,49 @@ bool NormFits(const ffi::Buffer<ffi::F32>& scale,
 // ([ceil(F / 16), r' / 4, 16, 4] int8, r' = r rounded up to 32, with its output
 // scales c2_scale [F]; [1] for float C2), c [F], W1ᵀ [F, d], W2 [F, d],
 // b2 [d], s1 [F] and s2 [F] (row scales; ones for float weights) -> y [T, d].
-ffi::Error SparseFFImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x,
+// Its step on x_count / d rows at xp, into yp; `name` prefixes its errors.
+ffi::Error SparseFFStep(ffi::ThreadPool* pool, const char* name,
+                        const float* x_in, int64_t x_count,
                         ffi::Buffer<ffi::F32> c1, ffi::AnyBuffer c2,
                         ffi::Buffer<ffi::F32> c2_scale,
                         ffi::Buffer<ffi::F32> cb, ffi::AnyBuffer w1t,
                         ffi::AnyBuffer w2, ffi::Buffer<ffi::F32> b2,
                         ffi::Buffer<ffi::F32> s1, ffi::Buffer<ffi::F32> s2,
                         ffi::Buffer<ffi::F32> norm_scale,
-                        ffi::Buffer<ffi::F32> norm_bias,
-                        ffi::ResultBuffer<ffi::F32> y, int64_t block,
-                        float epsilon) {
+                        ffi::Buffer<ffi::F32> norm_bias, float* yp,
+                        int64_t block, float epsilon) {
+  auto bad = [name](const std::string& what) {
+    return ffi::Error(ffi::ErrorCode::kInvalidArgument,
+                      std::string(name) + ": " + what);
+  };
   const int64_t d = c1.dimensions()[0], r = c1.dimensions()[1];
   if (!NormFits(norm_scale, norm_bias, d)) {
-    return ffi::Error(ffi::ErrorCode::kInvalidArgument,
-                      "tf_sparse_ff: the norm's scale and bias must be [d]");
+    return bad("the norm's scale and bias must be [d]");
   }
   const bool q8_controller = c2.element_type() == ffi::DataType::S8;
   const int64_t F = q8_controller
                         ? static_cast<int64_t>(c2_scale.element_count())
                         : c2.dimensions()[1];
-  const int64_t T = x.element_count() / d;
+  if (d <= 0 || x_count % d != 0) return bad("x's last axis is not d");
+  const int64_t T = x_count / d;
   if (q8_controller) {
     if (std::string what = PackedProblem("C2", c2.dimensions(), r, F);
         !what.empty()) {
-      return ffi::Error(ffi::ErrorCode::kInvalidArgument, "tf_sparse_ff: " + what);
+      return bad(what);
     }
   } else if (c2.element_type() != ffi::DataType::F32) {
-    return ffi::Error(ffi::ErrorCode::kInvalidArgument,
-                      "tf_sparse_ff: C2 must be f32 or packed s8");
+    return bad("C2 must be f32 or packed s8");
   }
   if (w1t.element_type() != w2.element_type()) {
-    return ffi::Error(ffi::ErrorCode::kInvalidArgument,
-                      "tf_sparse_ff: W1ᵀ and W2 differ in type");
+    return bad("W1ᵀ and W2 differ in type");
   }
   if (block <= 0 || F % block) {
-    return ffi::Error(ffi::ErrorCode::kInvalidArgument,
-                      "tf_sparse_ff: block size must divide d_ff");
+    return bad("block size must divide d_ff");
   }
   const int64_t n_blocks = F / block;
   thread_local std::vector<float> normed;
-  const float* xp = NormRows(x.typed_data(), T, d, norm_scale, norm_bias,
-                             epsilon, &normed);
-  float* yp = y->typed_data();
+  const float* xp = NormRows(x_in, T, d, norm_scale, norm_bias, epsilon,
+                             &normed);
   std::vector<float> low(T * r), logits(T * F);
   Isa isa = CurrentIsa();
   // Controller: (x C1) C2 + c, never the d x F product C1 C2.
@@ -1339,7 +1340,7 @@ ffi::Error SparseFFImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x,
   const int64_t half = r / 2 / 16 * 16;
   if (T < kManyRows && half > 0 &&
       d * r * static_cast<int64_t>(sizeof(float)) >= g_parallel_bytes.load()) {
-    ParallelFor(&pool, 2, [&](int64_t c) {
+    ParallelFor(pool, 2, [&](int64_t c) {
       Panel(isa, xp, T, d, c1.typed_data(), r, low.data(), r,
             c == 0 ? 0 : half, c == 0 ? half : r);
     });
@@ -1349,11 +1350,11 @@ ffi::Error SparseFFImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x,
   if (q8_controller) {
     const std::vector<float> ones(r, 1.f);
     Q8Out o{c2_scale.typed_data(), nullptr, 1, F, logits.data()};
-    Q8Matmul(&pool, low.data(), T, ones.data(), 1, r,
+    Q8Matmul(pool, low.data(), T, ones.data(), 1, r,
              static_cast<const int8_t*>(c2.untyped_data()), c2.dimensions()[0],
              c2.dimensions()[1] * 4, o);
   } else {
-    Matmul<float>(&pool, low.data(), T, r,
+    Matmul<float>(pool, low.data(), T, r,
                   static_cast<const float*>(c2.untyped_data()), F,
                   logits.data(), F);
   }
@@ -1361,7 +1362,7 @@ ffi::Error SparseFFImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x,
   const float* s1p = s1.typed_data();
   const float* s2p = s2.typed_data();
   const float* b2p = b2.typed_data();
-  return Dispatch(w1t.element_type(), "tf_sparse_ff", [&](auto tag) {
+  return Dispatch(w1t.element_type(), name, [&](auto tag) {
     using W = std::remove_const_t<std::remove_pointer_t<decltype(tag)>>;
     const W* w1p = static_cast<const W*>(w1t.untyped_data());
     const W* w2p = static_cast<const W*>(w2.untyped_data());
@@ -1378,7 +1379,7 @@ ffi::Error SparseFFImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x,
       const float* xt = xp + t * d;
       const float* lt = logits.data() + t * F;
       std::fill(partial.begin(), partial.end(), 0.f);
-      ParallelFor(parallel ? &pool : nullptr, n_chunks, [&](int64_t c) {
+      ParallelFor(parallel ? pool : nullptr, n_chunks, [&](int64_t c) {
         float* yc = partial.data() + c * d;
         const int64_t k0 = c * per_chunk;
         const int64_t k1 = std::min(n_blocks, (c + 1) * per_chunk);
@@ -1426,6 +1427,21 @@ ffi::Error SparseFFImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x,
       }
     }
   });
+}
+
+ffi::Error SparseFFImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x,
+                        ffi::Buffer<ffi::F32> c1, ffi::AnyBuffer c2,
+                        ffi::Buffer<ffi::F32> c2_scale,
+                        ffi::Buffer<ffi::F32> cb, ffi::AnyBuffer w1t,
+                        ffi::AnyBuffer w2, ffi::Buffer<ffi::F32> b2,
+                        ffi::Buffer<ffi::F32> s1, ffi::Buffer<ffi::F32> s2,
+                        ffi::Buffer<ffi::F32> norm_scale,
+                        ffi::Buffer<ffi::F32> norm_bias,
+                        ffi::ResultBuffer<ffi::F32> y, int64_t block,
+                        float epsilon) {
+  return SparseFFStep(&pool, "tf_sparse_ff", x.typed_data(), x.element_count(),
+                      c1, c2, c2_scale, cb, w1t, w2, b2, s1, s2, norm_scale,
+                      norm_bias, y->typed_data(), block, epsilon);
 }
 
 // x [T, K], g [S, K] (float32, or int8 with g_scale [S]: one scale per
@@ -1508,16 +1524,23 @@ void ConvPatches(const float* image, int64_t B, int64_t F, int64_t S,
 // scales [M] and bias [S * M], kept [B, F - 1, S, M], the Q/K kernels
 // packed (F qk_width M -> 2 M), scales and bias [2 M], the V kernel packed
 // (F v_width M -> M), scales and bias [M] -> q, k, v [B, S * M], kept'.
-std::string SparseQKVStep(
-    ffi::ThreadPool* pool, const float* xp, int64_t x_count,
-    ffi::Buffer<ffi::S8> dg,
-    ffi::Buffer<ffi::F32> dg_scale, ffi::Buffer<ffi::S8> e,
-    ffi::Buffer<ffi::F32> e_scale, ffi::Buffer<ffi::F32> e_bias,
-    ffi::Buffer<ffi::F32> kept, ffi::Buffer<ffi::S8> qk,
-    ffi::Buffer<ffi::F32> qk_scale, ffi::Buffer<ffi::F32> qk_bias,
-    ffi::Buffer<ffi::S8> v, ffi::Buffer<ffi::F32> v_scale,
-    ffi::Buffer<ffi::F32> v_bias, int64_t qk_width, int64_t v_width,
-    float* q_out, float* k_out, float* v_out, float* kept_out) {
+struct SparseQKVOperands {
+  ffi::Buffer<ffi::S8> dg;
+  ffi::Buffer<ffi::F32> dg_scale;
+  ffi::Buffer<ffi::S8> e;
+  ffi::Buffer<ffi::F32> e_scale, e_bias, kept;
+  ffi::Buffer<ffi::S8> qk;
+  ffi::Buffer<ffi::F32> qk_scale, qk_bias;
+  ffi::Buffer<ffi::S8> v;
+  ffi::Buffer<ffi::F32> v_scale, v_bias;
+};
+
+std::string SparseQKVStep(ffi::ThreadPool* pool, const float* xp,
+                          int64_t x_count, const SparseQKVOperands& o,
+                          int64_t qk_width, int64_t v_width, float* q_out,
+                          float* k_out, float* v_out, float* kept_out) {
+  const auto& [dg, dg_scale, e, e_scale, e_bias, kept, qk, qk_scale, qk_bias,
+               v, v_scale, v_bias] = o;
   auto gd = dg.dimensions();
   auto kd = kept.dimensions();
   if (gd.size() != 2 || kd.size() != 4 || kd[1] < 1) {
@@ -1609,10 +1632,11 @@ ffi::Error SparseQKVImpl(
     ffi::ResultBuffer<ffi::F32> k_out, ffi::ResultBuffer<ffi::F32> v_out,
     ffi::ResultBuffer<ffi::F32> kept_out, int64_t qk_width, int64_t v_width) {
   std::string what = SparseQKVStep(
-      &pool, x.typed_data(), x.element_count(), dg, dg_scale, e, e_scale,
-      e_bias, kept, qk, qk_scale, qk_bias, v, v_scale, v_bias, qk_width,
-      v_width, q_out->typed_data(),
-      k_out->typed_data(), v_out->typed_data(), kept_out->typed_data());
+      &pool, x.typed_data(), x.element_count(),
+      {dg, dg_scale, e, e_scale, e_bias, kept, qk, qk_scale, qk_bias, v,
+       v_scale, v_bias},
+      qk_width, v_width, q_out->typed_data(), k_out->typed_data(),
+      v_out->typed_data(), kept_out->typed_data());
   if (!what.empty()) {
     return ffi::Error(ffi::ErrorCode::kInvalidArgument, "tf_sparse_qkv: " + what);
   }
@@ -1707,6 +1731,58 @@ ffi::Error CacheAttentionImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> q,
 // are the Q/K/V features in rows of D: keys and values [N, L, D] with N D
 // = B S M (N = B heads), valid [N, L] (pred; [1]: every key valid), idx []
 // -> y [B, 1, S M] (the heads merged), keys', values', kept'.
+struct CacheOperands {
+  ffi::Buffer<ffi::F32> keys, values;
+  ffi::Buffer<ffi::PRED> valid;
+  ffi::Buffer<ffi::S32> idx;
+  ffi::Buffer<ffi::F32> norm_scale, norm_bias;
+};
+
+// The step on x_count / d rows at x_in (d: D's columns): y [B, 1, S M]
+// (y_count floats), the caches written at keys_out and values_out (the
+// results that alias them), kept_out; "" or what is wrong.
+std::string SparseQKVAttentionStep(
+    ffi::ThreadPool* pool, const float* x_in, int64_t x_count,
+    const SparseQKVOperands& o, const CacheOperands& c, int64_t qk_width,
+    int64_t v_width, float epsilon, float* y, int64_t y_count,
+    float* keys_out, float* values_out, float* kept_out) {
+  auto kd = c.keys.dimensions();
+  const int64_t features = y_count;  // B S M
+  if (kd.size() != 3 || c.values.element_count() != c.keys.element_count() ||
+      kd[0] * kd[2] != features) {
+    return "keys and values must be [N, L, D] with N D = B S M";
+  }
+  const int64_t N = kd[0], L = kd[1], D = kd[2];
+  const bool masked = static_cast<int64_t>(c.valid.element_count()) == N * L;
+  if (!masked && c.valid.element_count() != 1) {
+    return "valid must be [N, L] or [1]";
+  }
+  const int64_t first = *c.idx.typed_data();
+  if (first < 0 || first >= L) return "position outside the cache";
+  const int64_t d = o.dg.dimensions().size() == 2 ? o.dg.dimensions()[1] : 0;
+  if (d <= 0 || !NormFits(c.norm_scale, c.norm_bias, d) || x_count % d != 0) {
+    return "x must be [B, d] and the norm's scale and bias [d]";
+  }
+  thread_local std::vector<float> q, k, v_new, normed;
+  q.resize(features);
+  k.resize(features);
+  v_new.resize(features);
+  const float* xp = NormRows(x_in, x_count / d, d, c.norm_scale, c.norm_bias,
+                             epsilon, &normed);
+  std::string what = SparseQKVStep(pool, xp, x_count, o, qk_width, v_width,
+                                   q.data(), k.data(), v_new.data(), kept_out);
+  if (!what.empty()) return what;
+  for (int64_t n = 0; n < N; ++n) {
+    std::copy(k.data() + n * D, k.data() + (n + 1) * D,
+              keys_out + (n * L + first) * D);
+    std::copy(v_new.data() + n * D, v_new.data() + (n + 1) * D,
+              values_out + (n * L + first) * D);
+  }
+  AttendCache(pool, q.data(), keys_out, values_out,
+              masked ? c.valid.typed_data() : nullptr, N, 1, D, L, first, y);
+  return "";
+}
+
 ffi::Error SparseQKVAttentionImpl(
     ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi::S8> dg,
     ffi::Buffer<ffi::F32> dg_scale, ffi::Buffer<ffi::S8> e,
@@ -1722,48 +1798,282 @@ ffi::Error SparseQKVAttentionImpl(
     ffi::ResultBuffer<ffi::F32> values_out,
     ffi::ResultBuffer<ffi::F32> kept_out, int64_t qk_width, int64_t v_width,
     float epsilon) {
-  auto bad = [](const std::string& what) {
+  std::string what = SparseQKVAttentionStep(
+      &pool, x.typed_data(), x.element_count(),
+      {dg, dg_scale, e, e_scale, e_bias, kept, qk, qk_scale, qk_bias, v,
+       v_scale, v_bias},
+      {keys, values, valid, idx, norm_scale, norm_bias}, qk_width, v_width,
+      epsilon, y->typed_data(), y->element_count(), keys_out->typed_data(),
+      values_out->typed_data(), kept_out->typed_data());
+  if (!what.empty()) {
     return ffi::Error(ffi::ErrorCode::kInvalidArgument,
                       "tf_sparse_qkv_attention: " + what);
+  }
+  return ffi::Error::Success();
+}
+
+// A dense layer stored 'q8' (layers.KernelDense): packed W, its output
+// scales [N] and bias [N] (or [1]: none).
+struct Q8Dense {
+  ffi::Buffer<ffi::S8> p;
+  ffi::Buffer<ffi::F32> scale, bias;
+};
+
+// y [T, N] = x [T, K] W + b as tf_q8_matmul computes it (g = ones [1, K]).
+std::string Q8DenseStep(ffi::ThreadPool* pool, const Q8Dense& w,
+                        const float* x, int64_t T, int64_t K, float* y) {
+  const int64_t N = w.scale.element_count();
+  if (std::string what = PackedProblem("W", w.p.dimensions(), K, N);
+      !what.empty()) {
+    return what;
+  }
+  thread_local std::vector<float> ones;
+  if (static_cast<int64_t>(ones.size()) < K) ones.assign(K, 1.f);
+  const bool bias = static_cast<int64_t>(w.bias.element_count()) == N;
+  Q8Matmul(pool, x, T, ones.data(), 1, K, w.p.typed_data(),
+           w.p.dimensions()[0], w.p.dimensions()[1] * 4,
+           Q8Out{w.scale.typed_data(), bias ? w.bias.typed_data() : nullptr,
+                 1, N, y});
+  return "";
+}
+
+// The Terraformer's low-rank SRU path (§4.3, low_rank_sru.py) of one
+// position per row: LayerNorm, Dense(d_model -> n), the SRU cell from its
+// state c [T, n] (Trax's tl.SRU: [r~ | f~ | x~] = h W + b, r = σ(r~),
+// f = σ(f~), c' = f c + (1 - f) x~, out = r g(c') + (1 - r) h α), then
+// Dense(n -> d_model): x [T, d] -> y [T, d], c' at c_out.
+struct SruOperands {
+  ffi::Buffer<ffi::F32> norm_scale, norm_bias;
+  Q8Dense down;
+  ffi::Buffer<ffi::F32> w, b, c;
+  Q8Dense up;
+};
+
+std::string SruStep(ffi::ThreadPool* pool, const SruOperands& o,
+                    const float* x, int64_t T, int64_t d, float epsilon,
+                    float highway_scale, bool use_tanh, float* y,
+                    float* c_out) {
+  const int64_t n = o.down.scale.element_count();
+  if (!NormFits(o.norm_scale, o.norm_bias, d) ||
+      o.w.element_count() != static_cast<size_t>(n * 3 * n) ||
+      o.b.element_count() != static_cast<size_t>(3 * n) ||
+      o.c.element_count() != static_cast<size_t>(T * n) ||
+      o.up.scale.element_count() != static_cast<size_t>(d)) {
+    return "the SRU's operands must be a norm [d], Dense(d -> n), W [n, 3 n], "
+           "b [3 n], c [B, n] and Dense(n -> d)";
+  }
+  thread_local std::vector<float> normed, h, gates, out;
+  const float* xp = NormRows(x, T, d, o.norm_scale, o.norm_bias, epsilon,
+                             &normed);
+  h.resize(T * n);
+  gates.resize(3 * n);
+  out.resize(T * n);
+  if (std::string what = Q8DenseStep(pool, o.down, xp, T, d, h.data());
+      !what.empty()) {
+    return "SRU's first dense layer: " + what;
+  }
+  const float* w = o.w.typed_data();
+  const float* b = o.b.typed_data();
+  const float* c = o.c.typed_data();
+  auto sigmoid = [](float v) { return 1.f / (1.f + std::exp(-v)); };
+  for (int64_t t = 0; t < T; ++t) {
+    const float* ht = h.data() + t * n;
+    for (int64_t j = 0; j < 3 * n; ++j) {
+      float sum = 0.f;
+      for (int64_t i = 0; i < n; ++i) sum += ht[i] * w[i * 3 * n + j];
+      gates[j] = sum + b[j];
+    }
+    for (int64_t j = 0; j < n; ++j) {
+      const float r = sigmoid(gates[j]), f = sigmoid(gates[n + j]);
+      const float cj = f * c[t * n + j] + (1.f - f) * gates[2 * n + j];
+      c_out[t * n + j] = cj;
+      out[t * n + j] =
+          r * (use_tanh ? std::tanh(cj) : cj) + (1.f - r) * ht[j] * highway_scale;
+    }
+  }
+  if (std::string what = Q8DenseStep(pool, o.up, out.data(), T, n, y);
+      !what.empty()) {
+    return "SRU's second dense layer: " + what;
+  }
+  return "";
+}
+
+// Reads a call's operands in order (RemainingArgs), once Check has found
+// each of the element type it should have (then every read decodes).
+class ArgReader {
+ public:
+  using Type = ffi::DataType;
+  static constexpr Type kF32 = Type::F32, kS8 = Type::S8;
+  // Either float32 or int8 (the sparse FF's C2, W1ᵀ and W2).
+  static constexpr Type kAny = Type::INVALID;
+  static constexpr Type kSparseQKV[] = {kS8, kF32, kS8, kF32, kF32, kF32,
+                                        kS8, kF32, kF32, kS8, kF32, kF32};
+  static constexpr Type kCache[] = {kF32, kF32, Type::PRED, Type::S32,
+                                    kF32, kF32};
+  static constexpr Type kDense[] = {kS8, kF32, kF32};
+
+  explicit ArgReader(const ffi::RemainingArgs& args) : args_(args) {}
+
+  // "" when operand i has types[i] for every i and there are no others.
+  std::string Check(const std::vector<Type>& types) const {
+    if (types.size() != args_.size()) {
+      return "expected " + std::to_string(types.size()) + " operands, got " +
+             std::to_string(args_.size());
+    }
+    for (size_t i = 0; i < types.size(); ++i) {
+      auto any = args_.get<ffi::AnyBuffer>(i);
+      if (!any.has_value()) return "operand " + std::to_string(i) + " is not a buffer";
+      const Type t = any->element_type();
+      const bool ok = types[i] == kAny ? (t == kF32 || t == kS8 || t == Type::BF16)
+                                       : t == types[i];
+      if (!ok) return "operand " + std::to_string(i) + " has the wrong type";
+    }
+    return "";
+  }
+
+  template <typename T>
+  T Next() { return *args_.get<T>(next_++); }
+
+  SparseQKVOperands SparseQKV() {
+    return {Next<ffi::Buffer<ffi::S8>>(), Next<ffi::Buffer<ffi::F32>>(),
+            Next<ffi::Buffer<ffi::S8>>(), Next<ffi::Buffer<ffi::F32>>(),
+            Next<ffi::Buffer<ffi::F32>>(), Next<ffi::Buffer<ffi::F32>>(),
+            Next<ffi::Buffer<ffi::S8>>(), Next<ffi::Buffer<ffi::F32>>(),
+            Next<ffi::Buffer<ffi::F32>>(), Next<ffi::Buffer<ffi::S8>>(),
+            Next<ffi::Buffer<ffi::F32>>(), Next<ffi::Buffer<ffi::F32>>()};
+  }
+  CacheOperands Cache() {
+    return {Next<ffi::Buffer<ffi::F32>>(), Next<ffi::Buffer<ffi::F32>>(),
+            Next<ffi::Buffer<ffi::PRED>>(), Next<ffi::Buffer<ffi::S32>>(),
+            Next<ffi::Buffer<ffi::F32>>(), Next<ffi::Buffer<ffi::F32>>()};
+  }
+  Q8Dense Dense() {
+    return {Next<ffi::Buffer<ffi::S8>>(), Next<ffi::Buffer<ffi::F32>>(),
+            Next<ffi::Buffer<ffi::F32>>()};
+  }
+
+ private:
+  const ffi::RemainingArgs& args_;
+  size_t next_ = 0;
+};
+
+// A whole Terraformer decoder block (§4.1-4.3; models/terraformer.py's
+// _DecoderBlock) of one position per row, in one call: on the reversible
+// streams (x1, x2),
+//   y = x1 + A(LN_a(x2)),  z = x2 + B(LN_b(y)),
+//   w = y + (SparseFF(LN_f(z)) + SRU(LN_s(z))),  (x1', x2') = (z, w),
+// A and B the two sparse QKV attentions (SparseQKVAttentionStep), the sparse
+// FF block (SparseFFStep, its C2 packed) and the low-rank SRU (SruStep):
+// the same operations as their own calls, in the block's order.
+// Operands: x1, x2 [B, 1, d]; A's and B's 12 sparse QKV operands, then
+// keys, values, valid, idx, norm scale, norm bias; the sparse FF's C1, C2,
+// C2's scales, c, W1ᵀ, W2, b2, s1, s2, norm scale, norm bias; the SRU's
+// norm scale and bias, its first dense layer (packed, scales, bias), W, b,
+// c, its second dense layer. Results: x1', x2', A's keys', values',
+// kept', B's, and the SRU's c' (the caches alias their operands).
+ffi::Error TerraformerBlockImpl(ffi::ThreadPool pool, ffi::RemainingArgs args,
+                                ffi::RemainingRets rets, int64_t qk_width,
+                                int64_t v_width, int64_t block,
+                                float epsilon, float highway_scale,
+                                bool use_tanh) {
+  auto bad = [](const std::string& what) {
+    return ffi::Error(ffi::ErrorCode::kInvalidArgument,
+                      "tf_terraformer_block: " + what);
   };
-  auto kd = keys.dimensions();
-  const int64_t features = y->element_count();  // B S M
-  if (kd.size() != 3 || values.element_count() != keys.element_count() ||
-      kd[0] * kd[2] != features) {
-    return bad("keys and values must be [N, L, D] with N D = B S M");
+  using R = ArgReader;
+  std::vector<R::Type> types = {R::kF32, R::kF32};  // x1, x2
+  for (int attention = 0; attention < 2; ++attention) {
+    types.insert(types.end(), std::begin(R::kSparseQKV), std::end(R::kSparseQKV));
+    types.insert(types.end(), std::begin(R::kCache), std::end(R::kCache));
   }
-  const int64_t N = kd[0], L = kd[1], D = kd[2];
-  const bool masked = static_cast<int64_t>(valid.element_count()) == N * L;
-  if (!masked && valid.element_count() != 1) {
-    return bad("valid must be [N, L] or [1]");
+  // The sparse FF: C1, C2, C2's scales, c, W1ᵀ, W2, b2, s1, s2, norm.
+  types.insert(types.end(), {R::kF32, R::kAny, R::kF32, R::kF32, R::kAny,
+                             R::kAny, R::kF32, R::kF32, R::kF32, R::kF32,
+                             R::kF32});
+  // The SRU: norm, dense, W, b, c, dense.
+  types.insert(types.end(), {R::kF32, R::kF32});
+  types.insert(types.end(), std::begin(R::kDense), std::end(R::kDense));
+  types.insert(types.end(), {R::kF32, R::kF32, R::kF32});
+  types.insert(types.end(), std::begin(R::kDense), std::end(R::kDense));
+  ArgReader in(args);
+  if (std::string what = in.Check(types); !what.empty()) return bad(what);
+  auto x1 = in.Next<ffi::Buffer<ffi::F32>>();
+  auto x2 = in.Next<ffi::Buffer<ffi::F32>>();
+  const SparseQKVOperands qkv_a = in.SparseQKV();
+  const CacheOperands cache_a = in.Cache();
+  const SparseQKVOperands qkv_b = in.SparseQKV();
+  const CacheOperands cache_b = in.Cache();
+  auto c1 = in.Next<ffi::Buffer<ffi::F32>>();
+  auto c2 = in.Next<ffi::AnyBuffer>();
+  auto c2_scale = in.Next<ffi::Buffer<ffi::F32>>();
+  auto cb = in.Next<ffi::Buffer<ffi::F32>>();
+  auto w1t = in.Next<ffi::AnyBuffer>();
+  auto w2 = in.Next<ffi::AnyBuffer>();
+  auto b2 = in.Next<ffi::Buffer<ffi::F32>>();
+  auto s1 = in.Next<ffi::Buffer<ffi::F32>>();
+  auto s2 = in.Next<ffi::Buffer<ffi::F32>>();
+  auto ff_scale = in.Next<ffi::Buffer<ffi::F32>>();
+  auto ff_bias = in.Next<ffi::Buffer<ffi::F32>>();
+  // Members in declaration order (braced initializers run left to right).
+  const SruOperands sru{in.Next<ffi::Buffer<ffi::F32>>(),
+                        in.Next<ffi::Buffer<ffi::F32>>(), in.Dense(),
+                        in.Next<ffi::Buffer<ffi::F32>>(),
+                        in.Next<ffi::Buffer<ffi::F32>>(),
+                        in.Next<ffi::Buffer<ffi::F32>>(), in.Dense()};
+  constexpr size_t kResults = 9;
+  if (rets.size() != kResults) {
+    return bad("expected 9 results, got " + std::to_string(rets.size()));
   }
-  const int64_t first = *idx.typed_data();
-  if (first < 0 || first >= L) return bad("position outside the cache");
-  const int64_t d = dg.dimensions().size() == 2 ? dg.dimensions()[1] : 0;
-  if (d <= 0 || !NormFits(norm_scale, norm_bias, d) ||
-      static_cast<int64_t>(x.element_count()) % d != 0) {
-    return bad("x must be [B, d] and the norm's scale and bias [d]");
+  float* out[kResults];
+  int64_t out_count[kResults];
+  for (size_t i = 0; i < kResults; ++i) {
+    auto r = rets.get<ffi::Buffer<ffi::F32>>(i);
+    if (!r.has_value()) {
+      return bad("result " + std::to_string(i) + ": " + r.error().message());
+    }
+    out[i] = (*r)->typed_data();
+    out_count[i] = (*r)->element_count();
   }
-  thread_local std::vector<float> q, k, v_new, normed;
-  q.resize(features);
-  k.resize(features);
-  v_new.resize(features);
-  const float* xp = NormRows(x.typed_data(), x.element_count() / d, d,
-                             norm_scale, norm_bias, epsilon, &normed);
-  std::string what = SparseQKVStep(
-      &pool, xp, x.element_count(), dg, dg_scale, e, e_scale, e_bias, kept,
-      qk, qk_scale, qk_bias, v, v_scale, v_bias, qk_width, v_width, q.data(),
-      k.data(), v_new.data(), kept_out->typed_data());
+  const int64_t count = x1.element_count();
+  const int64_t d = c1.dimensions().size() == 2 ? c1.dimensions()[0] : 0;
+  if (d <= 0 || count % d != 0 || x2.element_count() != x1.element_count() ||
+      out_count[0] != count || out_count[1] != count) {
+    return bad("x1, x2 and their results must be [B, 1, d], d C1's rows");
+  }
+  const int64_t T = count / d;
+  thread_local std::vector<float> y, f_out, ff, sru_y;
+  y.resize(count);
+  f_out.resize(count);
+  ff.resize(count);
+  sru_y.resize(count);
+  const float* x1p = x1.typed_data();
+  const float* x2p = x2.typed_data();
+  // y = x1 + A(x2)
+  std::string what = SparseQKVAttentionStep(
+      &pool, x2p, count, qkv_a, cache_a, qk_width, v_width, epsilon,
+      f_out.data(), count, out[2], out[3], out[4]);
+  if (!what.empty()) return bad("attention 1: " + what);
+  for (int64_t i = 0; i < count; ++i) y[i] = x1p[i] + f_out[i];
+  // x1' = z = x2 + B(y)
+  what = SparseQKVAttentionStep(&pool, y.data(), count, qkv_b, cache_b,
+                                qk_width, v_width, epsilon, f_out.data(),
+                                count, out[5], out[6], out[7]);
+  if (!what.empty()) return bad("attention 2: " + what);
+  float* z = out[0];
+  for (int64_t i = 0; i < count; ++i) z[i] = x2p[i] + f_out[i];
+  // x2' = w = y + (FF(z) + SRU(z))
+  ffi::Error error = SparseFFStep(
+      &pool, "tf_terraformer_block: sparse FF", z, count, c1, c2, c2_scale,
+      cb, w1t, w2, b2, s1, s2, ff_scale, ff_bias, ff.data(), block, epsilon);
+  if (error.failure()) return error;
+  if (out_count[8] != static_cast<int64_t>(sru.c.element_count())) {
+    return bad("the SRU's c' must have c's shape");
+  }
+  what = SruStep(&pool, sru, z, T, d, epsilon, highway_scale, use_tanh,
+                 sru_y.data(), out[8]);
   if (!what.empty()) return bad(what);
-  float* ks = keys_out->typed_data();
-  float* vs = values_out->typed_data();
-  for (int64_t n = 0; n < N; ++n) {
-    std::copy(k.data() + n * D, k.data() + (n + 1) * D, ks + (n * L + first) * D);
-    std::copy(v_new.data() + n * D, v_new.data() + (n + 1) * D,
-              vs + (n * L + first) * D);
-  }
-  AttendCache(&pool, q.data(), ks, vs, masked ? valid.typed_data() : nullptr,
-              N, 1, D, L, first, y->typed_data());
+  float* w = out[1];
+  for (int64_t i = 0; i < count; ++i) w[i] = y[i] + (ff[i] + sru_y[i]);
   return ffi::Error::Success();
 }
 
@@ -1853,6 +2163,18 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(tf_sparse_qkv_attention, SparseQKVAttentionImpl,
                                   .Attr<int64_t>("qk_width")
                                   .Attr<int64_t>("v_width")
                                   .Attr<float>("epsilon"));
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(tf_terraformer_block, TerraformerBlockImpl,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::ThreadPool>()
+                                  .RemainingArgs()
+                                  .RemainingRets()
+                                  .Attr<int64_t>("qk_width")
+                                  .Attr<int64_t>("v_width")
+                                  .Attr<int64_t>("block")
+                                  .Attr<float>("epsilon")
+                                  .Attr<float>("highway_scale")
+                                  .Attr<bool>("use_tanh"));
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(tf_cache_attention, CacheAttentionImpl,
                               ffi::Ffi::Bind()

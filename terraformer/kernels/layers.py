@@ -18,6 +18,9 @@ behaviour stay the same; only the predict-mode forward changes):
                           sparse QKV attention in one call per step)
   LayerNorm + either of the two above or SparseFF     the same call, the
                        -> KernelNormSerial            LayerNorm first in it
+  Terraformer decoder blocks (their reversible stack) tf_terraformer_block
+                       -> KernelReversibleSerial      ('q8'; a whole block,
+                          two attentions, sparse FF and SRU, in one call)
   PrefixCausalAttention (predict)                     tf_cache_attention
                        -> KernelPrefixCausalAttention
   CausalDotProductAttention (predict)                 tf_cache_attention
@@ -67,6 +70,9 @@ from trax.layers import core as trax_core
 from trax.layers import normalization as trax_normalization
 
 from terraformer import kernels
+from terraformer.layers import reversible as rev
+from terraformer.layers.low_rank_sru import ACTIVATIONS as SRU_ACTIVATIONS
+from terraformer.layers.low_rank_sru import SRU
 from terraformer.layers.lsh_attention import CausalDotProductAttention
 from terraformer.layers.lsh_attention import PerExamplePrefill
 from terraformer.layers.multiplicative_dense import MultiplicativeDense
@@ -199,15 +205,23 @@ class KernelSparseFF(_KernelMixin, SparseFF):
     s1, s2 = rest if rest else (None, None)
     return (c1, c2, c, w1t, w2, b2), (s1, s2), c2_scale
 
+  def step_arguments(self, x, weights):
+    """`kernels.sparse_ff`'s keyword arguments after x for the block of
+    tokens x with `weights`; None where the kernel does not run (`_ffi`)."""
+    if not self._ffi(int(np.prod(x.shape[:-1]))):
+      return None
+    (c1, c2, c, w1t, w2, b2), (s1, s2), c2_scale = self._split(weights)
+    return dict(c1=c1, c2=c2, c=c, w1t=w1t, w2=w2, b2=b2,
+                block=self._n_block, s1=s1, s2=s2, c2_scale=c2_scale)
+
   def fused_step(self, x, weights, norm=None):
     """The block of tokens x with `weights` as one `tf_sparse_ff` call,
     first `tl.LayerNorm`-ing x when `norm` = (scale, bias, epsilon); None
     where the kernel does not run (`_ffi`)."""
-    if not self._ffi(int(np.prod(x.shape[:-1]))):
+    arguments = self.step_arguments(x, weights)
+    if arguments is None:
       return None
-    (c1, c2, c, w1t, w2, b2), (s1, s2), c2_scale = self._split(weights)
-    return kernels.sparse_ff(x, c1, c2, c, w1t, w2, b2, self._n_block,
-                             s1, s2, c2_scale, norm).astype(x.dtype)
+    return kernels.sparse_ff(x, **arguments, norm=norm).astype(x.dtype)
 
   def controller_logits(self, x):
     c1, c2, bias = self.weights[:3]
@@ -298,7 +312,10 @@ class KernelDense(_KernelMixin, trax_core.Dense):
   """
 
   def _split(self):
-    w = self.weights
+    return self._split_weights(self.weights)
+
+  def _split_weights(self, w):
+    """(W, bias or None, W's scales or None) of the weights w."""
     if not isinstance(w, (tuple, list)):
       return w, None, None
     n = 2 if self._use_bias else 1
@@ -522,11 +539,12 @@ class KernelSparseQKVAttention(_KernelMixin, trax_combinators.Serial):
   or the attention kernel would not run, run the sublayers.
   """
 
-  def fused_step(self, x, weights, state, norm=None):
-    """(y, new state) of the step of x [B, 1, d] (the other inputs, the
-    Terraformer's lengths, are not read by a step) with `weights` and
-    `state` as one `tf_sparse_qkv_attention` call, first `tl.LayerNorm`-ing
-    x when `norm` = (scale, bias, epsilon); None where it cannot run."""
+  def step_arguments(self, x, weights, state):
+    """`kernels.sparse_qkv_attention`'s keyword arguments after x (and
+    its norm) for the step of x [B, 1, d] with `weights` and `state`, and
+    the function of its (keys', values', kept') that gives the new state;
+    None where the call cannot run. (The other inputs, the Terraformer's
+    lengths, are not read by a step.)"""
     i = 1 if self.sublayers[0].name.startswith('Select') else 0
     wrapped = isinstance(self.sublayers[i], PerExamplePrefill)
     qkv, attention = _sparse_qkv_of(self.sublayers[i]), self.sublayers[i + 2]
@@ -541,17 +559,34 @@ class KernelSparseQKVAttention(_KernelMixin, trax_combinators.Serial):
             and attention.reads_cache_in_place()
             and s_att[0].dtype == jnp.float32):
       return None
-    operands, widths = qkv.operands(w_qkv, s_qkv)
+    operands, (qk_width, v_width) = qkv.operands(w_qkv, s_qkv)
     masked = isinstance(attention, CausalDotProductAttention)
     ks, vs, *valid, idx = s_att
-    y, ks, vs, kept = kernels.sparse_qkv_attention(
-        x, *operands, ks, vs, idx, valid[0] if masked else None, *widths,
-        norm=norm)
-    s_qkv = (s_qkv[0], kept.astype(s_qkv[1].dtype))
-    state = list(state)
-    state[i] = (s_qkv,) if wrapped else s_qkv
-    state[i + 2] = (ks, vs, *valid, idx + 1)
-    return y.astype(x.dtype), tuple(state)
+    names = ('d', 'd_scale', 'e', 'e_scale', 'e_bias', 'kept', 'qk',
+             'qk_scale', 'qk_bias', 'v', 'v_scale', 'v_bias')
+    arguments = dict(zip(names, operands), keys=ks, values=vs, idx=idx,
+                     valid=valid[0] if masked else None, qk_width=qk_width,
+                     v_width=v_width)
+
+    def new_state(ks, vs, kept):
+      s = list(state)
+      s_new = (s_qkv[0], kept.astype(s_qkv[1].dtype))
+      s[i] = (s_new,) if wrapped else s_new
+      s[i + 2] = (ks, vs, *valid, idx + 1)
+      return tuple(s)
+
+    return arguments, new_state
+
+  def fused_step(self, x, weights, state, norm=None):
+    """(y, new state) of the step of x [B, 1, d] as one
+    `tf_sparse_qkv_attention` call, first `tl.LayerNorm`-ing x when `norm`
+    = (scale, bias, epsilon); None where it cannot run."""
+    step = self.step_arguments(x, weights, state)
+    if step is None:
+      return None
+    arguments, new_state = step
+    y, ks, vs, kept = kernels.sparse_qkv_attention(x, **arguments, norm=norm)
+    return y.astype(x.dtype), new_state(ks, vs, kept)
 
   def forward(self, xs):
     x = xs[0] if isinstance(xs, (tuple, list)) else xs
@@ -611,31 +646,218 @@ class KernelNormSerial(_KernelMixin, trax_combinators.Serial):
   the kernel layer does not run its call, the sublayers run.
   """
 
-  def forward(self, xs):
+  def step_arguments(self, x, weights, state):
+    """('attention' or 'sparse_ff', the keyword arguments after x of
+    `kernels.sparse_qkv_attention` or `kernels.sparse_ff`, norm included,
+    the function of the call's outputs after y that gives the new state)
+    for the step of x with `weights` and `state`; None where the kernel
+    layer does not run its call."""
     i_norm, i_kernel = _norm_block_parts(self)
-    x = xs[0] if isinstance(xs, (tuple, list)) else xs
     norm = _norm_of(self.sublayers[i_norm])
-    w_norm = self.weights[i_norm]
+    w_norm = weights[i_norm]
     if isinstance(self.sublayers[i_norm], trax_combinators.Parallel):
       w_norm = w_norm[0]
     scale, bias = w_norm
-    kernel = self.sublayers[i_kernel]
     folded = (scale, bias, norm._epsilon)  # pylint: disable=protected-access
-    step = None
+    kernel = self.sublayers[i_kernel]
+
+    def with_kernel_state(kernel_state):
+      s = list(state)
+      s[i_kernel] = kernel_state
+      return tuple(s)
+
     if isinstance(kernel, KernelSparseQKVAttention):
-      step = kernel.fused_step(x, self.weights[i_kernel],
-                               self.state[i_kernel], folded)
-    elif isinstance(kernel, KernelSparseFF) and (
-        not isinstance(self.state[i_kernel], dict)):
-      y = kernel.fused_step(x, self.weights[i_kernel], folded)
-      step = None if y is None else (y, self.state[i_kernel])
+      step = kernel.step_arguments(x, weights[i_kernel], state[i_kernel])
+      if step is None:
+        return None
+      arguments, new_state = step
+      return ('attention', dict(arguments, norm=folded),
+              lambda *outputs: with_kernel_state(new_state(*outputs)))
+    if (isinstance(kernel, KernelSparseFF)
+        and not isinstance(state[i_kernel], dict)):
+      arguments = kernel.step_arguments(x, weights[i_kernel])
+      if arguments is None:
+        return None
+      return 'sparse_ff', dict(arguments, norm=folded), lambda: state
+    return None
+
+  def forward(self, xs):
+    x = xs[0] if isinstance(xs, (tuple, list)) else xs
+    step = self.step_arguments(x, self.weights, self.state)
     if step is None:
       return super().forward(xs)
-    y, kernel_state = step
+    kind, arguments, new_state = step
+    if kind == 'attention':
+      y, *outputs = kernels.sparse_qkv_attention(x, **arguments)
+    else:
+      y, outputs = kernels.sparse_ff(x, **arguments), ()
+    self.state = new_state(*outputs)
+    return y.astype(x.dtype)
+
+
+def _path(root, target):
+  """Sublayer indices from `root` down to `target` (None: not under it);
+  the same indices lead to its weights and state."""
+  if root is target:
+    return ()
+  for i, sub in enumerate(root.sublayers):
+    found = _path(sub, target)
+    if found is not None:
+      return (i,) + found
+  return None
+
+
+def _at(tree, path):
+  for i in path:
+    tree = tree[i]
+  return tree
+
+
+def _with(tree, path, value):
+  """`tree` (nested tuples) with the item at `path` replaced."""
+  if not path:
+    return value
+  items = list(tree)
+  items[path[0]] = _with(tree[path[0]], path[1:], value)
+  return tuple(items)
+
+
+def _feed_forward_parts(f):
+  """The parts of a Terraformer decoder's feed-forward residual f,
+  Serial[Branch(sparse FF branch, SRU path), Add] with the SRU path
+  Serial[Parallel(LayerNorm, no-op), PerExamplePrefill(LowRankSRU)]
+  (models/common.py's feed_forward_block): (the KernelNormSerial, the SRU
+  path's LayerNorm, Dense(d_sru), SRU, Dense(d_model)); None for other
+  layers."""
+  subs = f.sublayers
+  if (type(f) is not trax_combinators.Serial or len(subs) != 2  # pylint: disable=unidiomatic-typecheck
+      or subs[1].name != 'Add' or len(subs[0].sublayers) != 2
+      or not isinstance(subs[0].sublayers[1], trax_combinators.Parallel)):
+    return None
+  branches = subs[0].sublayers[1].sublayers
+  if (len(branches) != 2 or not isinstance(branches[0], KernelNormSerial)
+      or not isinstance(_kernel_of(branches[0]), SparseFF)):
+    return None
+  sru_path = branches[1].sublayers
+  if (len(sru_path) != 2 or _norm_of(sru_path[0]) is None
+      or not isinstance(sru_path[1], PerExamplePrefill)):
+    return None
+  low_rank = sru_path[1].sublayers[0].sublayers
+  if (len(low_rank) != 3 or not isinstance(low_rank[0], KernelDense)
+      or not isinstance(low_rank[1], SRU)
+      or not isinstance(low_rank[2], KernelDense)):
+    return None
+  norm = sru_path[0]
+  norm = norm.sublayers[0] if isinstance(norm, trax_combinators.Parallel) else norm
+  return branches[0], norm, low_rank[0], low_rank[1], low_rank[2]
+
+
+def _kernel_of(norm_serial):
+  return norm_serial.sublayers[_norm_block_parts(norm_serial)[1]]
+
+
+def _is_decoder_block(layers):
+  """Six layers of a reversible stack that make a Terraformer decoder block
+  (`models.terraformer._DecoderBlock`): half-residuals of two sparse QKV
+  attentions and of the feed-forward with its SRU, each then a swap."""
+  if len(layers) != 6:
+    return False
+  halves, swaps = layers[0::2], layers[1::2]
+  if not (all(isinstance(h, rev.HalfResidual) for h in halves)
+          and all(isinstance(w, tl.ReversibleSelect)
+                  and w.name == 'ReversibleSwap' for w in swaps)):
+    return False
+  a, b, f = (h.sublayers[0] for h in halves)
+  return (all(isinstance(n, KernelNormSerial)
+              and isinstance(_kernel_of(n), KernelSparseQKVAttention)
+              for n in (a, b))
+          and _feed_forward_parts(f) is not None)
+
+
+class KernelReversibleSerial(_KernelMixin, rev.ReversibleSerial):
+  """A reversible stack of Terraformer decoder blocks whose decoding step,
+  with 'q8' storage, is one `tf_terraformer_block` call per block: its two
+  sparse QKV attentions (each `tf_sparse_qkv_attention`'s work, LayerNorm
+  included), the sparse FF block (`tf_sparse_ff`'s), the low-rank SRU path
+  (LayerNorm, the two 'q8' dense layers, the SRU cell) and the
+  half-residual sums and swaps. The position indices stay XLA's. A prompt,
+  other stacks (the encoder's), and blocks whose parts would not run their
+  own fused calls run the sublayers.
+  """
+
+  def _block_arguments(self, x, weights, state, i):
+    """`kernels.terraformer_block`'s arguments after x1 and x2 for the
+    block at sublayer i, and the function of its results after x1', x2'
+    that gives the new states of its sublayers; None where it cannot run."""
+    halves = self.sublayers[i:i + 6:2]
+    f_weights = [weights[i + 2 * k][0] for k in range(3)]
+    f_states = [state[i + 2 * k][0] for k in range(3)]
+    attentions = []
+    for k in range(2):
+      step = halves[k].sublayers[0].step_arguments(x, f_weights[k],
+                                                   f_states[k])
+      if step is None or step[0] != 'attention':
+        return None
+      attentions.append(step)
+    f = halves[2].sublayers[0]
+    ff_branch, norm, down, sru, up = _feed_forward_parts(f)
+    paths = [_path(f, layer) for layer in (ff_branch, norm, down, sru, up)]
+    w_ff, w_norm, w_down, w_sru, w_up = (_at(f_weights[2], p) for p in paths)
+    s_ff, s_sru = _at(f_states[2], paths[0]), _at(f_states[2], paths[3])
+    ff_step = ff_branch.step_arguments(x, w_ff, s_ff)
+    if ff_step is None or ff_step[0] != 'sparse_ff':
+      return None
+    dense = [d._split_weights(w) for d, w in ((down, w_down), (up, w_up))]  # pylint: disable=protected-access
+    epsilon = norm._epsilon  # pylint: disable=protected-access
+    if (not all(is_q8(w) for w, _, _ in dense)
+        or not norm._center  # pylint: disable=protected-access
+        or sru._mode != 'predict'  # pylint: disable=protected-access
+        or sru._activation not in SRU_ACTIVATIONS  # pylint: disable=protected-access
+        or any(a['norm'][2] != epsilon for _, a, _ in attentions)
+        or ff_step[1]['norm'][2] != epsilon):
+      return None
+    (w_down_packed, b_down, scale_down), (w_up_packed, b_up, scale_up) = dense
+    w_cell, b_cell = w_sru
+    sru_arguments = dict(
+        norm=(*w_norm, epsilon), down=(w_down_packed, scale_down, b_down),
+        w=w_cell, b=b_cell, c=s_sru, up=(w_up_packed, scale_up, b_up),
+        highway_scale=sru._highway_scale,  # pylint: disable=protected-access
+        activation=sru._activation)  # pylint: disable=protected-access
+
+    def new_states(caches_a, caches_b, c):
+      new = {i: (attentions[0][2](*caches_a),),
+             i + 2: (attentions[1][2](*caches_b),),
+             i + 4: (_with(f_states[2], paths[3], c.astype(s_sru.dtype)),)}
+      return new
+
+    return ([a for _, a, _ in attentions], ff_step[1], sru_arguments,
+            new_states)
+
+  def forward(self, xs):
+    subs = self.sublayers
+    x1, x2, *rest = xs
+    fusable = (self._tf_use_ffi and kernels.has_kernel('tf_terraformer_block')
+               and subs and len(subs) % 6 == 0
+               and all(_is_decoder_block(subs[i:i + 6])
+                       for i in range(0, len(subs), 6)))
+    blocks = []
+    if fusable:
+      for i in range(0, len(subs), 6):
+        block = self._block_arguments(x1, self.weights, self.state, i)
+        if block is None:
+          break
+        blocks.append((i, block))
+    if not fusable or len(blocks) != len(subs) // 6:
+      return super().forward(xs)
     state = list(self.state)
-    state[i_kernel] = kernel_state
+    for i, (attentions, ff, sru, new_states) in blocks:
+      y1, y2, caches_a, caches_b, c = kernels.terraformer_block(
+          x1, x2, attentions, ff, sru)
+      x1, x2 = y1.astype(x1.dtype), y2.astype(x2.dtype)
+      for j, s in new_states(caches_a, caches_b, c).items():
+        state[j] = s
     self.state = tuple(state)
-    return y
+    return (x1, x2, *rest)
 
 
 @gin.configurable(module='terraformer')
@@ -709,6 +931,8 @@ def _kernel_class(layer, attention):
     return KernelSparseQKVAttention
   if _norm_block_parts(layer) is not None:
     return KernelNormSerial
+  if type(layer) is rev.ReversibleSerial:  # pylint: disable=unidiomatic-typecheck
+    return KernelReversibleSerial
   if getattr(layer, '_mode', None) == 'predict':
     if type(layer) in _PREDICT_KERNEL_CLASSES:
       return _PREDICT_KERNEL_CLASSES[type(layer)]

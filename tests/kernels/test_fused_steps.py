@@ -1,12 +1,16 @@
-"""Fused decoding steps: a sparse QKV attention step in one kernel call.
+"""Fused decoding steps: a sparse QKV attention step in one kernel call, a
+Terraformer decoder block in one call.
 
 `KernelSparseQKV` (tf_sparse_qkv) replaces the three tf_q8_matmul calls of
 sparse QKV's step (the multiplicative layer, the Q/K and the V
-convolutions) and `KernelSparseQKVAttention` (tf_sparse_qkv_attention)
-that call and the attention's tf_cache_attention. Each is checked against
-the calls it replaces (the same operations: the same bits, step after step,
-outputs and state) and against XLA's quantized path (float rounding), at
-the layer and in a whole decoding step.
+convolutions), `KernelSparseQKVAttention` (tf_sparse_qkv_attention)
+that call and the attention's tf_cache_attention, and
+`KernelReversibleSerial` (tf_terraformer_block) a Terraformer decoder
+block's five calls and its XLA residuals, SRU cell and swaps. Each is
+checked against the calls it replaces (the same operations: the same bits,
+step after step, outputs and state; the block within float rounding: its
+SRU cell is C++, not XLA) and against XLA's quantized path (float
+rounding), at the layer and in a whole decoding step.
 """
 import re
 
@@ -144,6 +148,8 @@ def _unfused_attention(monkeypatch):
                       lambda self, *args, **kwargs: None)
   monkeypatch.setattr(kernel_layers.KernelNormSerial, 'forward',
                       trax_combinators.Serial.forward)
+  monkeypatch.setattr(kernel_layers.KernelReversibleSerial, 'forward',
+                      trax_combinators.Serial.forward)
 
 
 def _attention_steps(layer, x, stored, state, steps):
@@ -228,40 +234,172 @@ def _scaling_q8():
       ff_sparsity=8, attention_sparsity=4, loss_sparsity=4, mode='predict')
 
 
-@pytest.mark.parametrize('build', [_terraformer_q8, _scaling_q8],
-                         ids=['terraformer', 'scaling_transformer'])
-def test_decoding_step_attends_with_one_call_per_attention(gemv_isa,
-                                                           monkeypatch,
-                                                           build):
-  """A whole 'q8' decoding step: one tf_sparse_qkv_attention call per
-  decoder attention (2 per Terraformer block, 1 per Scaling Transformer
-  block), its LayerNorm inside, the caches aliased to the step's outputs
-  and never copied; each sparse FF block's LayerNorm in its tf_sparse_ff
-  call. Its greedy decode has the tokens of the unfused step (XLA's
-  LayerNorms, tf_sparse_qkv and tf_cache_attention), the logits within
-  float rounding."""
+def _calls(hlo):
+  """[(kernel, its operand layouts)] of a compiled step's HLO."""
+  return re.findall(r'custom_call_target="(tf_\w+)", operand_layout_'
+                    r'constraints=\{(.*?\})\}', hlo)
+
+
+def test_scaling_transformer_step_attends_with_one_call_per_attention(
+    gemv_isa, monkeypatch):
+  """A whole 'q8' decoding step of a Scaling Transformer: one
+  tf_sparse_qkv_attention call per decoder block, its LayerNorm inside, the
+  caches aliased to the step's outputs and never copied; each sparse FF
+  block's LayerNorm in its tf_sparse_ff call. Its greedy decode has the
+  tokens of the unfused step (XLA's LayerNorms, tf_sparse_qkv and
+  tf_cache_attention), the logits within float rounding."""
   gemv_isa(kernels.GEMV_ISA_NAMES[-1])
-  logits, tokens, hlo = greedy(build, ('ffi', 'q8'), n_tokens=6,
+  logits, tokens, hlo = greedy(_scaling_q8, ('ffi', 'q8'), n_tokens=6,
                                compiled=True)
-  per_block = 2 if build is _terraformer_q8 else 1
-  calls = re.findall(r'custom_call_target="(tf_\w+)", operand_layout_'
-                     r'constraints=\{(.*?\})\}', hlo)
+  calls = _calls(hlo)
   # The LayerNorm's scale and bias [d_model] are the last two operands of
   # every fused attention and of the 2 decoder blocks' sparse FF calls.
   normed = lambda target: [o.endswith('f32[64]{0}, f32[64]{0}')
                            for t, o in calls if t == target]
-  assert normed('tf_sparse_qkv_attention') == [True] * 2 * per_block
+  assert normed('tf_sparse_qkv_attention') == [True] * 2
   assert sum(normed('tf_sparse_ff')) == 2
   assert 'input_output_alias' in hlo.splitlines()[0]
   # A copy of a cache: f32[batch * heads, 64 positions, 16].
   assert not re.findall(r'= f32\[4,64,16\]\{2,1,0\} copy\(', hlo)
   with monkeypatch.context() as patch:
     _unfused_attention(patch)
-    u_logits, u_tokens, u_hlo = greedy(build, ('ffi', 'q8'), n_tokens=6,
-                                       compiled=True)
+    u_logits, u_tokens, u_hlo = greedy(_scaling_q8, ('ffi', 'q8'),
+                                       n_tokens=6, compiled=True)
   assert 'tf_sparse_qkv_attention' not in u_hlo
   np.testing.assert_allclose(logits, u_logits, rtol=0, atol=1e-4)
   assert tokens == u_tokens
+
+
+def _terraformer_tanh_sru():
+  with gin.unlock_config():
+    gin.bind_parameter('terraformer.LowRankSRU.activation', 'tanh')
+  try:
+    return _terraformer_q8()
+  finally:
+    gin.clear_config()
+
+
+@pytest.mark.parametrize('build', [_terraformer_q8, _terraformer_tanh_sru],
+                         ids=['sru', 'tanh_sru'])
+@pytest.mark.parametrize('name', kernels.GEMV_ISA_NAMES)
+def test_terraformer_decoder_block_is_one_call(gemv_isa, monkeypatch, name,
+                                               build):
+  """A whole 'q8' Terraformer decoding step makes one tf_terraformer_block
+  call per decoder block (and one for the sparse loss): both attentions,
+  the sparse FF, the SRU path and the reversible sums and swaps; the
+  caches are aliased to the step's outputs and never copied. Its greedy
+  decode has the tokens of the step made of the blocks' own calls (two
+  tf_sparse_qkv_attention, tf_sparse_ff and the SRU's two tf_q8_matmul per
+  block, with XLA's SRU cell, sums and swaps), the logits and every state
+  (caches, kept inputs, the SRU's c) within float rounding; so does the
+  fully unfused step (XLA's LayerNorms, tf_sparse_qkv, tf_cache_attention).
+  """
+  gemv_isa(name)
+  logits, tokens, hlo = greedy(build, ('ffi', 'q8'), n_tokens=6,
+                               compiled=True)
+  targets = [t for t, _ in _calls(hlo)]
+  assert targets.count('tf_terraformer_block') == 2  # n_decoder_layers
+  assert set(targets) == {'tf_terraformer_block', 'tf_q8_matmul'}
+  assert len(targets) == 3
+  assert 'input_output_alias' in hlo.splitlines()[0]
+  assert not re.findall(r'= f32\[4,64,16\]\{2,1,0\} copy\(', hlo)
+  with monkeypatch.context() as patch:
+    patch.setattr(kernel_layers.KernelReversibleSerial, 'forward',
+                  trax_combinators.Serial.forward)
+    b_logits, b_tokens, b_hlo = greedy(build, ('ffi', 'q8'), n_tokens=6,
+                                       compiled=True)
+  b_targets = [t for t, _ in _calls(b_hlo)]
+  assert b_targets.count('tf_sparse_qkv_attention') == 4
+  assert 'tf_terraformer_block' not in b_targets
+  np.testing.assert_allclose(logits, b_logits, rtol=0, atol=1e-5)
+  assert tokens == b_tokens
+  with monkeypatch.context() as patch:
+    _unfused_attention(patch)
+    u_logits, u_tokens, _ = greedy(build, ('ffi', 'q8'), n_tokens=6,
+                                   compiled=True)
+  np.testing.assert_allclose(logits, u_logits, rtol=0, atol=1e-4)
+  assert tokens == u_tokens
+
+
+def test_terraformer_block_state_matches_its_parts(gemv_isa, monkeypatch):
+  """The decoder stack's step state after the fused blocks (both
+  attentions' caches, positions and kept inputs, the SRU's c) equals the
+  state after the blocks' own calls, to float rounding, step after step."""
+  gemv_isa(kernels.GEMV_ISA_NAMES[-1])
+  model = _terraformer_q8()
+  stack = next(s for s in model.sublayers
+               if isinstance(s, kernel_layers.rev.ReversibleSerial)
+               and len(s.sublayers) == 12)
+  d = 64
+  x = (jax.random.normal(jax.random.PRNGKey(2), (1, 5, d)),
+       jax.random.normal(jax.random.PRNGKey(3), (1, 5, d)),
+       jnp.array([3]))
+  weights, state = stack.init(shapes.signature(x), rng=jax.random.PRNGKey(5))
+  kernel_layers.install(stack)
+  assert isinstance(stack, kernel_layers.KernelReversibleSerial)
+  stored = kernel_layers.store_weights(stack, weights, 'q8')
+
+  def run(fused):
+    """A prompt, then 3 single positions of both streams: [(outputs,
+    state)] and the HLO text of a single position's call."""
+    with monkeypatch.context() as patch:
+      if not fused:
+        patch.setattr(kernel_layers.KernelReversibleSerial, 'forward',
+                      trax_combinators.Serial.forward)
+      fn = jax.jit(stack.pure_fn)
+      _, st = fn(x, stored, state, jax.random.PRNGKey(0))
+      results = []
+      for t in range(3):
+        xt = tuple(jax.random.normal(jax.random.PRNGKey(10 + 2 * t + i),
+                                     (1, 1, d)) for i in range(2)) + x[2:]
+        if not results:
+          text = fn.lower(xt, stored, st, jax.random.PRNGKey(0)).as_text()
+        out, st = fn(xt, stored, st, jax.random.PRNGKey(0))
+        results.append((out, st))
+      return jax.tree_util.tree_map(np.asarray, results), text
+
+  (fused, text), (parts, parts_text) = run(True), run(False)
+  assert text.count('tf_terraformer_block') == 2
+  assert 'tf_terraformer_block' not in parts_text
+  for (out, st), (out2, st2) in zip(fused, parts):
+    for a, b in zip(out, out2):
+      np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
+    leaves, leaves2 = (jax.tree_util.tree_leaves(t) for t in (st, st2))
+    assert len(leaves) == len(leaves2)
+    for a, b in zip(leaves, leaves2):
+      assert a.shape == b.shape and a.dtype == b.dtype
+      np.testing.assert_allclose(np.asarray(a, np.float32),
+                                 np.asarray(b, np.float32),
+                                 rtol=1e-5, atol=1e-5)
+
+
+def test_terraformer_block_rejects_mismatched_operands(gemv_isa):
+  """A block call whose operands disagree gets one line naming what is
+  wrong, not a crash: an operand of the wrong type, and an SRU state of
+  the wrong width."""
+  gemv_isa(kernels.GEMV_ISA_NAMES[-1])
+  model = _terraformer_q8()
+  stack = next(s for s in model.sublayers
+               if isinstance(s, kernel_layers.rev.ReversibleSerial)
+               and len(s.sublayers) == 12)
+  x = (jnp.ones((1, 1, 64)), jnp.ones((1, 1, 64)), jnp.array([1]))
+  weights, state = stack.init(shapes.signature(x), rng=jax.random.PRNGKey(5))
+  kernel_layers.install(stack)
+  stored = kernel_layers.store_weights(stack, weights, 'q8')
+  attentions, ff, sru, _ = stack._block_arguments(  # pylint: disable=protected-access
+      x[0], stored, state, 0)
+  # W1ᵀ (operand 42, after x1, x2, 2 x 18 attention operands, C1, C2,
+  # C2's scales and c) in int32.
+  bad_w1t = dict(ff, w1t=jnp.asarray(ff['w1t'], jnp.int32))
+  with pytest.raises(Exception, match='tf_terraformer_block: operand 42 has '
+                     'the wrong type'):
+    jax.block_until_ready(kernels.terraformer_block(
+        x[0], x[1], attentions, bad_w1t, sru))
+  bad_c = dict(sru, c=jnp.zeros((1, 3), jnp.float32))
+  with pytest.raises(Exception, match="tf_terraformer_block: the SRU's "
+                     'operands must be'):
+    jax.block_until_ready(kernels.terraformer_block(
+        x[0], x[1], attentions, ff, bad_c))
 
 
 @pytest.mark.parametrize('kind', ['attention', 'sparse_ff'])
