@@ -931,7 +931,7 @@ def _kernel_class(layer, attention):
     return KernelSparseQKVAttention
   if _norm_block_parts(layer) is not None:
     return KernelNormSerial
-  if type(layer) is rev.ReversibleSerial:  # pylint: disable=unidiomatic-typecheck
+  if type(layer) is rev.ReversibleSerial and layer.sublayers:  # pylint: disable=unidiomatic-typecheck
     return KernelReversibleSerial
   if getattr(layer, '_mode', None) == 'predict':
     if type(layer) in _PREDICT_KERNEL_CLASSES:
