@@ -41,6 +41,7 @@
 #include <cstring>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "xla/ffi/api/ffi.h"
@@ -770,17 +771,20 @@ TF_AVX2 void MulBlockS8Avx2(const float* x, const int8_t* g, float* v) {
 inline int Q8Slot(int j) { return ((j & 3) << 2) | (j >> 2); }
 
 struct MaxPs {
-  TF_VNNI __m512 operator()(__m512 a, __m512 b) const { return _mm512_max_ps(a, b); }
+  TF_AVX512 __m512 operator()(__m512 a, __m512 b) const { return _mm512_max_ps(a, b); }
+};
+struct AddPs {
+  TF_AVX512 __m512 operator()(__m512 a, __m512 b) const { return _mm512_add_ps(a, b); }
 };
 struct AddEpi32 {  // Integer lanes carried in __m512.
-  TF_VNNI __m512 operator()(__m512 a, __m512 b) const {
+  TF_AVX512 __m512 operator()(__m512 a, __m512 b) const {
     return _mm512_castsi512_ps(
         _mm512_add_epi32(_mm512_castps_si512(a), _mm512_castps_si512(b)));
   }
 };
 
 template <typename Op>
-TF_VNNI inline __m512 Reduce16(__m512* m, Op op) {
+TF_AVX512 inline __m512 Reduce16(__m512* m, Op op) {
   for (int i = 0; i < 8; ++i) {  // Each vector to 8 lanes.
     m[i] = op(_mm512_shuffle_f32x4(m[2 * i], m[2 * i + 1], 0x44),
               _mm512_shuffle_f32x4(m[2 * i], m[2 * i + 1], 0xEE));
@@ -1655,6 +1659,133 @@ ffi::Error SparseQKVImpl(
 // Causal attention of T queries per row over a cache (CacheAttentionImpl):
 // qp [N, T, D], kp and vp [N, M, D], mp [N, M] (nullptr: every key valid),
 // query t at position first + t -> op [N, T, D].
+// exp(x) lane by lane (Cephes' expf: x = n ln 2 + r, |r| <= ln 2 / 2, a
+// degree-6 polynomial for exp(r), times 2^n; within 2 ulp); exp(x) for
+// x < -104 is 0 (below the smallest denormal), x > 88.72 is clamped.
+TF_AVX512 inline __m512 Exp16(__m512 x) {
+  x = _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(-104.f)),
+                    _mm512_set1_ps(88.72f));
+  const __m512 n = _mm512_roundscale_ps(
+      _mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+      _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
+  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
+  __m512 p = _mm512_set1_ps(1.9875691500e-4f);
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
+  p = _mm512_fmadd_ps(p, _mm512_mul_ps(r, r), _mm512_add_ps(r, _mm512_set1_ps(1.f)));
+  return _mm512_scalef_ps(p, n);
+}
+
+// dots[j] = <q, k_j> / root (-1e9 where valid[j] is false) for keys
+// j < count of one head, 16 keys at a time: their 16 sums stay in registers
+// over D and are reduced together (Reduce16), not one horizontal sum per key.
+TF_AVX512 void AttendDotsAvx512(const float* q, const float* k,
+                                const bool* valid, int64_t D, int64_t count,
+                                float root, float* dots) {
+  const int64_t nc = (D + 15) / 16;
+  const __mmask16 tail =
+      D % 16 == 0 ? 0xFFFF : static_cast<__mmask16>((1u << (D % 16)) - 1);
+  const __m512 inv_root = _mm512_set1_ps(1.f / root);
+  for (int64_t j0 = 0; j0 < count; j0 += 16) {
+    const int r = static_cast<int>(std::min<int64_t>(16, count - j0));
+    __m512 m[16];
+    for (int i = 0; i < 16; ++i) m[i] = _mm512_setzero_ps();
+    // Key by key: the 16 keys are one contiguous stretch of the cache, read
+    // in order (q's vectors come from L1).
+    for (int i = 0; i < r; ++i) {
+      const float* ki = k + (j0 + i) * D;
+      for (int64_t c = 0; c < nc; ++c) {
+        const __mmask16 mc = c + 1 == nc ? tail : 0xFFFF;
+        m[Q8Slot(i)] = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(mc, ki + 16 * c),
+                                       _mm512_maskz_loadu_ps(mc, q + 16 * c),
+                                       m[Q8Slot(i)]);
+      }
+    }
+    __m512 d = _mm512_mul_ps(Reduce16(m, AddPs()), inv_root);
+    if (valid != nullptr) {
+      __mmask16 ok = 0;
+      for (int i = 0; i < r; ++i) ok |= valid[j0 + i] ? (1u << i) : 0u;
+      d = _mm512_mask_blend_ps(ok, _mm512_set1_ps(-1e9f), d);
+    }
+    _mm512_mask_storeu_ps(dots + j0, static_cast<__mmask16>((1u << r) - 1), d);
+  }
+}
+
+// out = sum_j w[j] v_j over keys j < count with w[j] != 0, the NC vectors of
+// out in registers for the whole sum (D <= 16 NC).
+template <int NC>
+TF_AVX512 void WeightedSumAvx512(const float* w, const float* v, int64_t D,
+                                 int64_t count, float* out) {
+  const __mmask16 tail =
+      D % 16 == 0 ? 0xFFFF : static_cast<__mmask16>((1u << (D % 16)) - 1);
+  __m512 acc[NC];
+  for (int c = 0; c < NC; ++c) acc[c] = _mm512_setzero_ps();
+  for (int64_t j = 0; j < count; ++j) {
+    if (w[j] == 0.f) continue;
+    const __m512 wj = _mm512_set1_ps(w[j]);
+    for (int c = 0; c < NC; ++c) {
+      acc[c] = _mm512_fmadd_ps(
+          wj, _mm512_maskz_loadu_ps(c + 1 == NC ? tail : 0xFFFF, v + j * D + 16 * c),
+          acc[c]);
+    }
+  }
+  for (int c = 0; c < NC; ++c) {
+    _mm512_mask_storeu_ps(out + 16 * c, c + 1 == NC ? tail : 0xFFFF, acc[c]);
+  }
+}
+
+template <int... NC>
+TF_AVX512 void WeightedSum(std::integer_sequence<int, NC...>, const float* w,
+                           const float* v, int64_t D, int64_t count,
+                           float* out) {
+  const int64_t nc = (D + 15) / 16;
+  ((nc == NC + 1 ? WeightedSumAvx512<NC + 1>(w, v, D, count, out) : void()),
+   ...);
+}
+
+// Most d_head the AVX-512 attention keeps in registers (16 vectors).
+constexpr int64_t kAttendMaxD = 256;
+
+// One query over one head's keys and values (AVX-512): the dots
+// (AttendDotsAvx512), e_j = exp(dots_j - max) (Exp16), weights e_j / sum_e,
+// then the weighted sum of the values (WeightedSumAvx512).
+TF_AVX512 void AttendHeadAvx512(const float* q, const float* k,
+                                const float* v, const bool* valid, int64_t D,
+                                int64_t count, float root, float* dots,
+                                float* out) {
+  AttendDotsAvx512(q, k, valid, D, count, root, dots);
+  __m512 vmax = _mm512_set1_ps(-INFINITY);
+  for (int64_t j = 0; j < count; j += 16) {
+    const __mmask16 m = count - j >= 16 ? 0xFFFF
+        : static_cast<__mmask16>((1u << (count - j)) - 1);
+    vmax = _mm512_mask_max_ps(vmax, m, vmax, _mm512_maskz_loadu_ps(m, dots + j));
+  }
+  float amax = _mm512_reduce_max_ps(vmax);
+  if (!std::isfinite(amax)) amax = 0.f;
+  __m512 vsum = _mm512_setzero_ps();
+  for (int64_t j = 0; j < count; j += 16) {
+    const __mmask16 m = count - j >= 16 ? 0xFFFF
+        : static_cast<__mmask16>((1u << (count - j)) - 1);
+    const __m512 e = Exp16(_mm512_sub_ps(_mm512_maskz_loadu_ps(m, dots + j),
+                                         _mm512_set1_ps(amax)));
+    _mm512_mask_storeu_ps(dots + j, m, e);
+    vsum = _mm512_add_ps(vsum, _mm512_maskz_mov_ps(m, e));
+  }
+  const __m512 inv = _mm512_set1_ps(1.f / _mm512_reduce_add_ps(vsum));
+  for (int64_t j = 0; j < count; j += 16) {
+    const __mmask16 m = count - j >= 16 ? 0xFFFF
+        : static_cast<__mmask16>((1u << (count - j)) - 1);
+    _mm512_mask_storeu_ps(dots + j, m,
+                          _mm512_mul_ps(_mm512_maskz_loadu_ps(m, dots + j), inv));
+  }
+  WeightedSum(std::make_integer_sequence<int, kAttendMaxD / 16>(), dots, v, D,
+              count, out);
+}
+
 void AttendCache(ffi::ThreadPool* pool, const float* qp, const float* kp,
                  const float* vp, const bool* mp, int64_t N, int64_t T,
                  int64_t D, int64_t M, int64_t first, float* op) {
@@ -1664,13 +1795,18 @@ void AttendCache(ffi::ThreadPool* pool, const float* qp, const float* kp,
   // Rows split over the pool when their filled keys and values are large.
   bool parallel = N * filled * D * 2 * 4 >= g_parallel_bytes.load();
   ParallelFor(parallel ? pool : nullptr, N, [=](int64_t n) {
-    std::vector<float> dots(filled);
+    std::vector<float> dots(filled + 16);
     const float* kn = kp + n * M * D;
     const float* vn = vp + n * M * D;
     for (int64_t t = 0; t < T; ++t) {
       const float* qt = qp + (n * T + t) * D;
       float* ot = op + (n * T + t) * D;
       const int64_t count = first + t + 1;
+      if (isa == Isa::kAvx512 && D <= kAttendMaxD) {
+        AttendHeadAvx512(qt, kn, vn, mp == nullptr ? nullptr : mp + n * M, D,
+                         count, root, dots.data(), ot);
+        continue;
+      }
       float amax = -INFINITY;
       for (int64_t j = 0; j < count; ++j) {
         float v = Dot(isa, kn + j * D, qt, D) / root;

@@ -59,21 +59,30 @@ def _reference(q, k, v, idx, valid):
   return np.einsum('ntm,nmd->ntd', weights, v)
 
 
+# (heads, cache length, d_head): d_head 13 and 40 have vector tails; 144 is
+# the 17B models' (9 vectors); 272 is past the 16 vectors the AVX-512 path
+# keeps in registers (it takes the per-key path). Cache lengths 20 and 70:
+# partial and whole blocks of 16 keys.
+SHAPES = [(5, 20, 13), (3, 70, 40), (2, 70, 144), (2, 20, 272)]
+
+
 @pytest.mark.parametrize('parallel', [False, True], ids=['serial', 'split'])
 @pytest.mark.parametrize('masked', [False, True], ids=['all', 'valid'])
+@pytest.mark.parametrize('shape', SHAPES, ids=lambda s: f'd{s[2]}')
 @pytest.mark.parametrize('name', kernels.ISA_NAMES)
-def test_cache_attention_equals_numpy(isa, request, name, masked, parallel):
+def test_cache_attention_equals_numpy(isa, request, name, shape, masked,
+                                      parallel):
   used = isa(name)
   if used != name:
     pytest.skip(f'this CPU lacks {name} (kernels use {used})')
   if parallel:
     request.getfixturevalue('split_every_product')
   rng = np.random.default_rng(0)
-  # d_head 13: vector tails; the cache's positions past idx + t hold
-  # values that must not be read (NaN).
-  n, m, d = 5, 20, 13
+  # The cache's positions past idx + t hold values that must not be read
+  # (NaN).
+  n, m, d = shape
   attend = jax.jit(kernels.cache_attention)
-  for t, idx in [(1, 0), (1, 7), (1, 19), (3, 4)]:
+  for t, idx in [(1, 0), (1, 7), (1, m - 1), (3, 4), (2, m // 2 + 3)]:
     q = rng.standard_normal((n, t, d)).astype(np.float32)
     k = rng.standard_normal((n, m, d)).astype(np.float32)
     v = rng.standard_normal((n, m, d)).astype(np.float32)
