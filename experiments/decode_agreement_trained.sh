@@ -5,14 +5,19 @@
 # abstract), decoded by every kernel and storage variant, each fed XLA
 # float32's 64 greedy tokens for the first test paper's opening (512 tokens):
 # max |delta logit| and greedy agreement (`terraformer-bench --agreement
-# --checkpoint --prompt_file --variants`).
+# --checkpoint --prompt_file --variants`). The model's decoder attends with
+# LSH; a second pass decodes the same weights with full decoder attention
+# (Terraformer.decoder_attention_type = 'full'), the attention whose 'q8'
+# step makes a decoder block one kernel call (tf_terraformer_block), each
+# variant against XLA float32 of that model.
 #
 # Cost: about 0.15 core-hours on the 2-core CPU (the training ~6 minutes, the
 # agreement ~3); any machine (nothing timed; run it on one core: taskset -c 1).
 # Short version (3 training steps, 4 tokens; no results file):
 #   SHORT=1 bash experiments/decode_agreement_trained.sh
-# Writes OUT/main/finetune (the checkpoint), OUT/paper.txt, OUT/agreement.{txt,json}
-# and results/decode_agreement_trained.json (table variants). Rerunning resumes
+# Writes OUT/main/finetune (the checkpoint), OUT/paper.txt,
+# OUT/agreement{,_full}.{txt,json} and results/decode_agreement_trained.json
+# (tables variants, variants_full). Rerunning resumes
 # the training and reuses OUT/agreement.txt (delete it to rerun).
 #   bash experiments/decode_agreement_trained.sh [OUT]
 #   (OUT: runs/experiments/decode_agreement_trained)
@@ -43,5 +48,19 @@ tabulate agreement variants "$out/agreement.json" \
   --label=finetune+xla_q8='XLA, Q8 weights' \
   --figure=int8_agreement="kernels, int8 weights:greedy agreement ($tokens tokens)" \
   --figure=q8_agreement="kernels, Q8 weights:greedy agreement ($tokens tokens)"
-record --caption=variants="The main job's model (1.14M parameters, 400 steps body -> abstract), every decode path fed the XLA float32 model's 64 greedy tokens for the first test paper's opening (512 tokens)."
+banner "the same, full decoder attention (one kernel call per block in Q8)"
+into "$out/agreement_full.txt" .venv/bin/terraformer-bench --agreement \
+  --checkpoint="$out/main/finetune" --config_file=gin/main/finetune.gin \
+  --config="Terraformer.decoder_attention_type='full'" \
+  --variants=xla,ffi,ffi:q8,xla:q8 \
+  --prompt_file="$out/paper.txt" --prompt_len=512 --tokens="$tokens" \
+  --json="$out/agreement_full.json"
+tabulate agreement variants_full "$out/agreement_full.json" \
+  --label=finetune+xla='XLA, float32 (reference)' \
+  --label=finetune+ffi='kernels, float32' \
+  --label=finetune+ffi_q8='kernels, Q8 weights (a block per call)' \
+  --label=finetune+xla_q8='XLA, Q8 weights' \
+  --figure=block_q8_agreement="kernels, Q8 weights (a block per call):greedy agreement ($tokens tokens)"
+record --caption=variants_full="The same weights decoded with full decoder attention instead of LSH (Terraformer.decoder_attention_type = 'full': the attention of the 17B Terraformer, whose 'q8' decoder blocks are one tf_terraformer_block call each), every decode path fed that model's XLA float32 greedy tokens." \
+  --caption=variants="The main job's model (1.14M parameters, 400 steps body -> abstract), every decode path fed the XLA float32 model's 64 greedy tokens for the first test paper's opening (512 tokens)."
 banner done "outputs in $out"
