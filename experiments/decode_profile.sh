@@ -7,12 +7,14 @@
 #            dense model (2 blocks) with the Q8 GEMV;
 #   q8_full: the 17B Terraformer with the Q8 GEMV at full depth (the model of
 #            the 17B table);
+#   q8_parts: the same with terraformer_block_kernel.enabled = False, each
+#            decoder block as its parts' calls (where a block's time goes);
 # each summarised from its trace: wall time per step, then the operations
 # that took the most time (kernel calls summed by their HLO line: target,
 # operand and output shapes, i.e. one kind of layer; other operations by
 # kind), self time summed over threads.
 #
-# Cost: about 0.05 core-hours on the 2-core CPU (2 minutes) and ~16 GiB of memory (the
+# Cost: about 0.07 core-hours on the 2-core CPU (3 minutes) and ~16 GiB of memory (the
 # full-depth Terraformer); needs a quiet machine.
 # Short version (1 block, 2 steps, no full-depth run; prints only):
 #   SHORT=1 bash experiments/decode_profile.sh
@@ -58,9 +60,18 @@ if [[ -z "$SHORT" ]]; then
     --json="$out/profile_q8_full.json"
   tabulate profile q8_full "$out/profile_q8_full.json" --k=8 "${labels[@]}" \
     --figure=terraformer_q8_full_wall='Terraformer 17B, Q8:ms'
+  banner "the same, each decoder block as its parts' calls"
+  into "$out/profile_q8_parts.txt" .venv/bin/terraformer-bench \
+    --profile_dir="$out/trace_parts" \
+    --config_file=gin/bench/terraformer_17b_kernels_q8.gin --tokens=$tokens \
+    --config=terraformer_block_kernel.enabled=False \
+    --json="$out/profile_q8_parts.json"
+  tabulate profile q8_parts "$out/profile_q8_parts.json" --k=8 "${labels[@]}" \
+    --figure=terraformer_q8_parts_wall='Terraformer 17B, Q8:ms'
 fi
 record \
   --caption=step="17B, $blocks decoder blocks, no encoder blocks, int8 weights and the fused kernels, $tokens steps traced by jax.profiler; per step: wall time (in parentheses the part with an operation running) and the operations that took the most time, kernel calls summed by their HLO line (target (operand shapes) -> output shape), others by kind; self time summed over threads; calls = operations per step; quiet machine." \
   --caption=q8="17B with the Q8 GEMV (int8 weights and activations) and the fused kernels: the Terraformer with $blocks decoder blocks and 1 encoder block (cached: the step runs the decoder), the dense model with $blocks decoder blocks; $tokens steps traced by jax.profiler; columns as above." \
-  --caption=q8_full="The 17B Terraformer with the Q8 GEMV at full depth (6 decoder blocks; the model of the 17B table), $tokens steps traced by jax.profiler; columns as above."
+  --caption=q8_full="The 17B Terraformer with the Q8 GEMV at full depth (6 decoder blocks; the model of the 17B table), $tokens steps traced by jax.profiler; columns as above." \
+  --caption=q8_parts="The same model with terraformer_block_kernel.enabled = False: each decoder block as its parts' calls (two sparse QKV attentions, the sparse FF block and the SRU's two dense layers) and XLA's sums, swaps and SRU cell; $tokens steps traced by jax.profiler, the same process kind as above, a separate run."
 banner done "outputs in $out"

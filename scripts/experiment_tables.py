@@ -251,6 +251,30 @@ def kernel_layers(data, opts):
   return columns, rows
 
 
+# Most operands and results a kernel call's cell lists (a sparse QKV
+# attention's 19 and 4); a longer list (a Terraformer block's 60 and 9)
+# shows its first two and how many there are.
+_MAX_LISTED = {'operands': 24, 'results': 4}
+
+
+def _shapes(text, what):
+  """Comma-separated shapes without layouts or HLO comments; of a list
+  longer than _MAX_LISTED[what], the first two, then '… N what'."""
+  text = re.sub(r'/\*.*?\*/', '', re.sub(r'\{[\d,]*\}', '', text))
+  shapes = [s.strip() for s in text.split(',') if s.strip()] if '[' in text else []
+  # Shapes hold commas: rejoin the pieces of each one.
+  joined, depth = [], 0
+  for piece in shapes:
+    if depth:
+      joined[-1] += ',' + piece
+    else:
+      joined.append(piece)
+    depth += piece.count('[') - piece.count(']')
+  if len(joined) <= _MAX_LISTED[what]:
+    return ', '.join(joined)
+  return ', '.join(joined[:2]) + f', … {len(joined)} {what}'
+
+
 def _operation(group):
   """A `by_operation` group as a cell: 'tf_q8_matmul (operand shapes) ->
   output shape' (a tuple of them for several outputs) for kernel calls
@@ -259,8 +283,11 @@ def _operation(group):
   if not m:
     return group
   out, target, operands = m.groups()
-  strip = lambda text: re.sub(r'\{[\d,]*\}', '', text)
-  return f'{target} ({strip(operands or "")}) -> {strip(out)}'
+  if out.startswith('('):
+    out = f'({_shapes(out[1:-1], "results")})'
+  else:
+    out = _shapes(out, 'results')
+  return f'{target} ({_shapes(operands or "", "operands")}) -> {out}'
 
 
 def profile(data, opts):

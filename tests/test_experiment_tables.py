@@ -419,6 +419,23 @@ def test_profile_rows_are_a_models_wall_time_then_its_costliest_operations(
   assert figures == ['wall=20.12 (19.50)']
 
 
+def test_profile_abbreviates_a_kernel_call_with_many_operands(tmp_path):
+  """A call with more operands or results than a cell lists (a Terraformer
+  block's 60) shows its first two shapes and how many there are; HLO
+  comments in a tuple shape are dropped."""
+  operands = ', '.join([f'f32[1,1,{i}]' for i in range(1, 31)])
+  results = ', '.join([f'/*index={i}*/f32[{i},2]{{1,0}}' for i in range(30)])
+  block = f'custom-call ({results}) tf_block <- {operands}'
+  summary = {'ops_per_step': 10, 'wall_ms_per_step': 3.0,
+             'busy_ms_per_step': 2.5, 'by_operation': [[block, 2.5, 2]]}
+  path = _write(tmp_path, 'p.json', [{'name': 'm', 'summary': summary}])
+  code, table, _ = _run(tmp_path, 'profile', path)
+  assert code == 0
+  assert table['rows'][1] == [
+      '', 'tf_block (f32[1,1,1], f32[1,1,2], … 30 operands) -> (f32[0,2], '
+      'f32[1,2], … 30 results)', '2', '2.50']
+
+
 def test_topk_keeps_one_k_and_gives_no_ncss_for_the_exact_operator(
     tmp_path, capsys):
   report = {'methods': ['sh', 'goyal', 'hard'], 'rows': [

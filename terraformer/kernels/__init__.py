@@ -17,6 +17,9 @@ path: importing this package never needs the library.
       and the Q/K and V convolutions in one call
   sparse_qkv_attention(x, ...)  that step, its keys and values written
       into their caches in place, and the attention over them, in one call
+  terraformer_block(x1, x2, attentions, ff, sru)  a Terraformer decoder
+      block's step ('q8'): both attentions, the sparse FF block, the SRU
+      path and the reversible sums, in one call
 
 The kernels pick their instruction set at run time: `set_isa` / the float
 kernels ('scalar', 'avx2', 'avx512'), `gemv_isa` / `set_gemv_isa` the Q8

@@ -22,6 +22,9 @@
 //     multiplicative layer and the Q/K and V convolutions in one call.
 //   tf_sparse_qkv_attention: that step, the keys and values written into
 //     their caches in place and the attention over them, in one call.
+//   tf_terraformer_block: a whole Terraformer decoder block's step (both
+//     sparse QKV attentions, the sparse FF block, the low-rank SRU path and
+//     the reversible half-residual sums) in one call.
 // tf_sparse_ff and tf_sparse_qkv_attention can first apply the LayerNorm
 // that precedes them in a block (NormRows).
 //

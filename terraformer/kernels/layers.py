@@ -869,6 +869,16 @@ def cache_attention_kernel(enabled=True):
   return enabled
 
 
+@gin.configurable(module='terraformer')
+def terraformer_block_kernel(enabled=True):
+  """Whether `install` makes a Terraformer decoder block's 'q8' decoding
+  step one `tf_terraformer_block` call (`KernelReversibleSerial`); False
+  keeps its parts' own calls (two `tf_sparse_qkv_attention`, `tf_sparse_ff`,
+  the SRU's two `tf_q8_matmul`) and XLA's sums, swaps and SRU cell: the
+  same step within float rounding, call by call in a profile."""
+  return enabled
+
+
 class _KernelCacheAttention(_KernelMixin):
   """A decoding step's attention over the cache as one `tf_cache_attention`
   call: the cache is read in place, positions <= the query's only (the
@@ -922,7 +932,7 @@ _ATTENTION_KERNEL_CLASSES = {
     CausalDotProductAttention: KernelCausalDotProductAttention}
 
 
-def _kernel_class(layer, attention):
+def _kernel_class(layer, attention, block=True):
   if isinstance(layer, _KernelMixin):
     return type(layer)
   if _is_sparse_qkv(layer):
@@ -931,7 +941,7 @@ def _kernel_class(layer, attention):
     return KernelSparseQKVAttention
   if _norm_block_parts(layer) is not None:
     return KernelNormSerial
-  if type(layer) is rev.ReversibleSerial and layer.sublayers:  # pylint: disable=unidiomatic-typecheck
+  if block and type(layer) is rev.ReversibleSerial and layer.sublayers:  # pylint: disable=unidiomatic-typecheck
     return KernelReversibleSerial
   if getattr(layer, '_mode', None) == 'predict':
     if type(layer) in _PREDICT_KERNEL_CLASSES:
@@ -941,22 +951,26 @@ def _kernel_class(layer, attention):
   return _KERNEL_CLASSES.get(type(layer))
 
 
-def install(model, use_ffi=True, attention=None):
+def install(model, use_ffi=True, attention=None, block=None):
   """Makes `model`'s kernel-capable layers kernel-backed; returns how many.
 
   Changes the layers' classes in place (the model must be a predict-mode
   model used for decoding only). `use_ffi=False` keeps XLA's code (the
   classes still read bf16/int8 storage). `attention` (default: the gin
   switch `cache_attention_kernel`) includes the predict-mode causal
-  attention layers.
+  attention layers; `block` (default: the gin switch
+  `terraformer_block_kernel`) the reversible stacks, whose Terraformer
+  decoder blocks then run as one call each.
   """
   count = 0
   if attention is None:
     attention = cache_attention_kernel()
+  if block is None:
+    block = terraformer_block_kernel()
 
   def walk(layer):
     nonlocal count
-    cls = _kernel_class(layer, attention)
+    cls = _kernel_class(layer, attention, block)
     if cls is not None:
       layer.__class__ = cls
       layer._tf_use_ffi = use_ffi  # pylint: disable=protected-access

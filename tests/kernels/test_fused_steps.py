@@ -321,6 +321,24 @@ def test_terraformer_decoder_block_is_one_call(gemv_isa, monkeypatch, name,
   assert tokens == u_tokens
 
 
+def test_gin_switch_keeps_a_terraformer_blocks_own_calls(gemv_isa):
+  """terraformer_block_kernel.enabled = False: the decoder blocks make their
+  parts' calls (two tf_sparse_qkv_attention, tf_sparse_ff and the SRU's
+  two tf_q8_matmul each), with the fused step's greedy tokens."""
+  gemv_isa(kernels.GEMV_ISA_NAMES[-1])
+  _, tokens, _ = greedy(_terraformer_q8, ('ffi', 'q8'), n_tokens=4,
+                        compiled=True)
+  with gin.unlock_config():
+    gin.bind_parameter('terraformer.terraformer_block_kernel.enabled', False)
+  _, parts_tokens, hlo = greedy(_terraformer_q8, ('ffi', 'q8'), n_tokens=4,
+                                compiled=True)
+  targets = [t for t, _ in _calls(hlo)]
+  assert 'tf_terraformer_block' not in targets
+  assert targets.count('tf_sparse_qkv_attention') == 4
+  assert targets.count('tf_sparse_ff') == 2
+  assert parts_tokens == tokens
+
+
 def test_terraformer_block_state_matches_its_parts(gemv_isa, monkeypatch):
   """The decoder stack's step state after the fused blocks (both
   attentions' caches, positions and kept inputs, the SRU's c) equals the
