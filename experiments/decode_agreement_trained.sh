@@ -33,12 +33,19 @@ fi
 banner "the main job's training -> $out/main/finetune"
 OUTPUT_DIR="$out/main" STAGES=finetune bash scripts/main.sh ${train_args[@]+"${train_args[@]}"}
 .venv/bin/python -c "from terraformer.evaluation import rouge; open('$out/paper.txt', 'w').write(rouge.paper_pairs('test')[0][0])"
+# agreement FILE VARIANTS [ARGS...]: every variant vs XLA float32 over
+# $tokens tokens of the paper's opening -> $out/FILE.{txt,json}.
+agreement() {
+  local file=$1 variants=$2
+  shift 2
+  into "$out/$file.txt" .venv/bin/terraformer-bench --agreement \
+    --checkpoint="$out/main/finetune" --config_file=gin/main/finetune.gin \
+    "$@" --variants="$variants" \
+    --prompt_file="$out/paper.txt" --prompt_len=512 --tokens="$tokens" \
+    --json="$out/$file.json"
+}
 banner "every kernel and storage variant vs XLA float32, $tokens tokens"
-into "$out/agreement.txt" .venv/bin/terraformer-bench --agreement \
-  --checkpoint="$out/main/finetune" --config_file=gin/main/finetune.gin \
-  --variants=xla,ffi,ffi:bfloat16,ffi:int8,ffi:q8,xla:q8 \
-  --prompt_file="$out/paper.txt" --prompt_len=512 --tokens="$tokens" \
-  --json="$out/agreement.json"
+agreement agreement xla,ffi,ffi:bfloat16,ffi:int8,ffi:q8,xla:q8
 tabulate agreement variants "$out/agreement.json" \
   --label=finetune+xla='XLA, float32 (reference)' \
   --label=finetune+ffi='kernels, float32' \
@@ -49,12 +56,8 @@ tabulate agreement variants "$out/agreement.json" \
   --figure=int8_agreement="kernels, int8 weights:greedy agreement ($tokens tokens)" \
   --figure=q8_agreement="kernels, Q8 weights:greedy agreement ($tokens tokens)"
 banner "the same, full decoder attention (one kernel call per block in Q8)"
-into "$out/agreement_full.txt" .venv/bin/terraformer-bench --agreement \
-  --checkpoint="$out/main/finetune" --config_file=gin/main/finetune.gin \
-  --config="Terraformer.decoder_attention_type='full'" \
-  --variants=xla,ffi,ffi:q8,xla:q8 \
-  --prompt_file="$out/paper.txt" --prompt_len=512 --tokens="$tokens" \
-  --json="$out/agreement_full.json"
+agreement agreement_full xla,ffi,ffi:q8,xla:q8 \
+  --config="Terraformer.decoder_attention_type='full'"
 tabulate agreement variants_full "$out/agreement_full.json" \
   --label=finetune+xla='XLA, float32 (reference)' \
   --label=finetune+ffi='kernels, float32' \

@@ -1296,17 +1296,22 @@ bool NormFits(const ffi::Buffer<ffi::F32>& scale,
 // ([ceil(F / 16), r' / 4, 16, 4] int8, r' = r rounded up to 32, with its output
 // scales c2_scale [F]; [1] for float C2), c [F], W1ᵀ [F, d], W2 [F, d],
 // b2 [d], s1 [F] and s2 [F] (row scales; ones for float weights) -> y [T, d].
-// Its step on x_count / d rows at xp, into yp; `name` prefixes its errors.
+// Norm scale and bias: the LayerNorm before the block (NormRows).
+struct SparseFFOperands {
+  ffi::Buffer<ffi::F32> c1;
+  ffi::AnyBuffer c2;
+  ffi::Buffer<ffi::F32> c2_scale, cb;
+  ffi::AnyBuffer w1t, w2;
+  ffi::Buffer<ffi::F32> b2, s1, s2, norm_scale, norm_bias;
+};
+
+// The step on x_count / d rows at x_in, into yp; `name` prefixes its errors.
 ffi::Error SparseFFStep(ffi::ThreadPool* pool, const char* name,
                         const float* x_in, int64_t x_count,
-                        ffi::Buffer<ffi::F32> c1, ffi::AnyBuffer c2,
-                        ffi::Buffer<ffi::F32> c2_scale,
-                        ffi::Buffer<ffi::F32> cb, ffi::AnyBuffer w1t,
-                        ffi::AnyBuffer w2, ffi::Buffer<ffi::F32> b2,
-                        ffi::Buffer<ffi::F32> s1, ffi::Buffer<ffi::F32> s2,
-                        ffi::Buffer<ffi::F32> norm_scale,
-                        ffi::Buffer<ffi::F32> norm_bias, float* yp,
-                        int64_t block, float epsilon) {
+                        const SparseFFOperands& o, float* yp, int64_t block,
+                        float epsilon) {
+  const auto& [c1, c2, c2_scale, cb, w1t, w2, b2, s1, s2, norm_scale,
+               norm_bias] = o;
   auto bad = [name](const std::string& what) {
     return ffi::Error(ffi::ErrorCode::kInvalidArgument,
                       std::string(name) + ": " + what);
@@ -1455,8 +1460,9 @@ ffi::Error SparseFFImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x,
                         ffi::ResultBuffer<ffi::F32> y, int64_t block,
                         float epsilon) {
   return SparseFFStep(&pool, "tf_sparse_ff", x.typed_data(), x.element_count(),
-                      c1, c2, c2_scale, cb, w1t, w2, b2, s1, s2, norm_scale,
-                      norm_bias, y->typed_data(), block, epsilon);
+                      {c1, c2, c2_scale, cb, w1t, w2, b2, s1, s2, norm_scale,
+                       norm_bias},
+                      y->typed_data(), block, epsilon);
 }
 
 // x [T, K], g [S, K] (float32, or int8 with g_scale [S]: one scale per
@@ -2094,6 +2100,14 @@ class ArgReader {
             Next<ffi::Buffer<ffi::PRED>>(), Next<ffi::Buffer<ffi::S32>>(),
             Next<ffi::Buffer<ffi::F32>>(), Next<ffi::Buffer<ffi::F32>>()};
   }
+  SparseFFOperands SparseFF() {
+    return {Next<ffi::Buffer<ffi::F32>>(), Next<ffi::AnyBuffer>(),
+            Next<ffi::Buffer<ffi::F32>>(), Next<ffi::Buffer<ffi::F32>>(),
+            Next<ffi::AnyBuffer>(),        Next<ffi::AnyBuffer>(),
+            Next<ffi::Buffer<ffi::F32>>(), Next<ffi::Buffer<ffi::F32>>(),
+            Next<ffi::Buffer<ffi::F32>>(), Next<ffi::Buffer<ffi::F32>>(),
+            Next<ffi::Buffer<ffi::F32>>()};
+  }
   Q8Dense Dense() {
     return {Next<ffi::Buffer<ffi::S8>>(), Next<ffi::Buffer<ffi::F32>>(),
             Next<ffi::Buffer<ffi::F32>>()};
@@ -2150,17 +2164,7 @@ ffi::Error TerraformerBlockImpl(ffi::ThreadPool pool, ffi::RemainingArgs args,
   const CacheOperands cache_a = in.Cache();
   const SparseQKVOperands qkv_b = in.SparseQKV();
   const CacheOperands cache_b = in.Cache();
-  auto c1 = in.Next<ffi::Buffer<ffi::F32>>();
-  auto c2 = in.Next<ffi::AnyBuffer>();
-  auto c2_scale = in.Next<ffi::Buffer<ffi::F32>>();
-  auto cb = in.Next<ffi::Buffer<ffi::F32>>();
-  auto w1t = in.Next<ffi::AnyBuffer>();
-  auto w2 = in.Next<ffi::AnyBuffer>();
-  auto b2 = in.Next<ffi::Buffer<ffi::F32>>();
-  auto s1 = in.Next<ffi::Buffer<ffi::F32>>();
-  auto s2 = in.Next<ffi::Buffer<ffi::F32>>();
-  auto ff_scale = in.Next<ffi::Buffer<ffi::F32>>();
-  auto ff_bias = in.Next<ffi::Buffer<ffi::F32>>();
+  const SparseFFOperands ff_ops = in.SparseFF();
   // Members in declaration order (braced initializers run left to right).
   const SruOperands sru{in.Next<ffi::Buffer<ffi::F32>>(),
                         in.Next<ffi::Buffer<ffi::F32>>(), in.Dense(),
@@ -2182,7 +2186,8 @@ ffi::Error TerraformerBlockImpl(ffi::ThreadPool pool, ffi::RemainingArgs args,
     out_count[i] = (*r)->element_count();
   }
   const int64_t count = x1.element_count();
-  const int64_t d = c1.dimensions().size() == 2 ? c1.dimensions()[0] : 0;
+  const auto c1_dims = ff_ops.c1.dimensions();
+  const int64_t d = c1_dims.size() == 2 ? c1_dims[0] : 0;
   if (d <= 0 || count % d != 0 || x2.element_count() != x1.element_count() ||
       out_count[0] != count || out_count[1] != count) {
     return bad("x1, x2 and their results must be [B, 1, d], d C1's rows");
@@ -2209,9 +2214,9 @@ ffi::Error TerraformerBlockImpl(ffi::ThreadPool pool, ffi::RemainingArgs args,
   float* z = out[0];
   for (int64_t i = 0; i < count; ++i) z[i] = x2p[i] + f_out[i];
   // x2' = w = y + (FF(z) + SRU(z))
-  ffi::Error error = SparseFFStep(
-      &pool, "tf_terraformer_block: sparse FF", z, count, c1, c2, c2_scale,
-      cb, w1t, w2, b2, s1, s2, ff_scale, ff_bias, ff.data(), block, epsilon);
+  ffi::Error error =
+      SparseFFStep(&pool, "tf_terraformer_block: sparse FF", z, count, ff_ops,
+                   ff.data(), block, epsilon);
   if (error.failure()) return error;
   if (out_count[8] != static_cast<int64_t>(sru.c.element_count())) {
     return bad("the SRU's c' must have c's shape");
