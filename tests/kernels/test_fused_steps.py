@@ -339,19 +339,22 @@ def test_gin_switch_keeps_a_terraformer_blocks_own_calls(gemv_isa):
   assert parts_tokens == tokens
 
 
-def test_terraformer_block_state_matches_its_parts(gemv_isa, monkeypatch):
-  """The decoder stack's step state after the fused blocks (both
-  attentions' caches, positions and kept inputs, the SRU's c) equals the
-  state after the blocks' own calls, to float rounding, step after step."""
+@pytest.mark.parametrize('batch', [1, 2])
+def test_terraformer_block_state_matches_its_parts(gemv_isa, monkeypatch,
+                                                   batch):
+  """The decoder stack's step outputs and state after the fused blocks
+  (both attentions' caches, positions and kept inputs, the SRU's c) equal
+  those after the blocks' own calls, to float rounding, step after step;
+  with 2 rows of different encoder lengths too."""
   gemv_isa(kernels.GEMV_ISA_NAMES[-1])
   model = _terraformer_q8()
   stack = next(s for s in model.sublayers
                if isinstance(s, kernel_layers.rev.ReversibleSerial)
                and len(s.sublayers) == 12)
   d = 64
-  x = (jax.random.normal(jax.random.PRNGKey(2), (1, 5, d)),
-       jax.random.normal(jax.random.PRNGKey(3), (1, 5, d)),
-       jnp.array([3]))
+  x = (jax.random.normal(jax.random.PRNGKey(2), (batch, 5, d)),
+       jax.random.normal(jax.random.PRNGKey(3), (batch, 5, d)),
+       jnp.array([3, 5][:batch]))
   weights, state = stack.init(shapes.signature(x), rng=jax.random.PRNGKey(5))
   kernel_layers.install(stack)
   assert isinstance(stack, kernel_layers.KernelReversibleSerial)
@@ -369,7 +372,7 @@ def test_terraformer_block_state_matches_its_parts(gemv_isa, monkeypatch):
       results = []
       for t in range(3):
         xt = tuple(jax.random.normal(jax.random.PRNGKey(10 + 2 * t + i),
-                                     (1, 1, d)) for i in range(2)) + x[2:]
+                                     (batch, 1, d)) for i in range(2)) + x[2:]
         if not results:
           text = fn.lower(xt, stored, st, jax.random.PRNGKey(0)).as_text()
         out, st = fn(xt, stored, st, jax.random.PRNGKey(0))
