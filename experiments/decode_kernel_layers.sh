@@ -27,7 +27,9 @@ tabulate kernel_layers layers "$out/layers.json" \
   --label=800m_dense_ff='800M dense FF [1024] x [1024,4096]' \
   --label=17b_loss='17B sparse loss [4,9216] x [9216,8025]' \
   --label=17b_dense_qkv='17B dense projection [9216] x [9216,9216]' \
+  --label=17b_qkv_mult='17B sparse QKV multiplicative layer [64,9216] x [9216,144]' \
   --figure=loss_17b_q8_vs_xla='17B sparse loss [4,9216] x [9216,8025]:ffi q8 vs xla f32' \
-  --figure=dense_17b_q8_vs_xla='17B dense projection [9216] x [9216,9216]:ffi q8 vs xla f32'
+  --figure=dense_17b_q8_vs_xla='17B dense projection [9216] x [9216,9216]:ffi q8 vs xla f32' \
+  --figure=qkv_mult_17b_q8='17B sparse QKV multiplicative layer [64,9216] x [9216,144]:ffi q8 ms (x bound)'
 record --caption=layers="Each layer the kernels replace, one token, random weights: XLA's float32 code and the kernel layer with float32, bfloat16, int8 and q8 weights (q8: int8 activations too; the sparse FF block reads it as int8), called in turn in one process, median of $repeats calls (x bound: the median over the weight bytes read / the GEMV bandwidth measured in the same process); quiet machine."
 banner done "outputs in $out"

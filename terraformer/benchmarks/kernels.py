@@ -31,13 +31,16 @@ from terraformer.layers.sparse_ff import SparseFF
 # name: (layer factory, d_model); the shapes of gin/scaling_800m and
 # gin/bench/17b_*.gin (loss sparsity S = 4 over vocab 32100; FF N = 64; the
 # dense models' one-row products: the 800M FF's first layer, a 17B
-# attention projection).
+# attention projection; sparse QKV's multiplicative layer, S = 64 modules of
+# 144, compute-bound: S d M multiply-adds).
 CASES = {
     '800m_loss': (lambda: MultiplicativeDense(4, 8025, use_bias=True), 1024),
     '800m_ff': (lambda: SparseFF(6144, 64, 64, mode='predict'), 1024),
     '800m_dense_ff': (lambda: tl.Dense(4096), 1024),
     '17b_loss': (lambda: MultiplicativeDense(4, 8025, use_bias=True), 9216),
     '17b_dense_qkv': (lambda: tl.Dense(9216), 9216),
+    '17b_qkv_mult': (lambda: MultiplicativeDense(64, 144, use_bias=True),
+                     9216),
 }
 VARIANTS = (('xla f32', None), ('ffi f32', 'float32'),
             ('ffi bf16', 'bfloat16'), ('ffi int8', 'int8'), ('ffi q8', 'q8'))
