@@ -2065,6 +2065,9 @@ class ArgReader {
                                         kS8, kF32, kF32, kS8, kF32, kF32};
   static constexpr Type kCache[] = {kF32, kF32, Type::PRED, Type::S32,
                                     kF32, kF32};
+  // C1, C2, C2's scales, c, W1ᵀ, W2, b2, s1, s2, norm scale and bias.
+  static constexpr Type kSparseFF[] = {kF32, kAny, kF32, kF32, kAny, kAny,
+                                       kF32, kF32, kF32, kF32, kF32};
   static constexpr Type kDense[] = {kS8, kF32, kF32};
 
   explicit ArgReader(const ffi::RemainingArgs& args) : args_(args) {}
@@ -2144,20 +2147,21 @@ ffi::Error TerraformerBlockImpl(ffi::ThreadPool pool, ffi::RemainingArgs args,
                       "tf_terraformer_block: " + what);
   };
   using R = ArgReader;
-  std::vector<R::Type> types = {R::kF32, R::kF32};  // x1, x2
-  for (int attention = 0; attention < 2; ++attention) {
-    types.insert(types.end(), std::begin(R::kSparseQKV), std::end(R::kSparseQKV));
-    types.insert(types.end(), std::begin(R::kCache), std::end(R::kCache));
-  }
-  // The sparse FF: C1, C2, C2's scales, c, W1ᵀ, W2, b2, s1, s2, norm.
-  types.insert(types.end(), {R::kF32, R::kAny, R::kF32, R::kF32, R::kAny,
-                             R::kAny, R::kF32, R::kF32, R::kF32, R::kF32,
-                             R::kF32});
-  // The SRU: norm, dense, W, b, c, dense.
-  types.insert(types.end(), {R::kF32, R::kF32});
-  types.insert(types.end(), std::begin(R::kDense), std::end(R::kDense));
-  types.insert(types.end(), {R::kF32, R::kF32, R::kF32});
-  types.insert(types.end(), std::begin(R::kDense), std::end(R::kDense));
+  // The operands' element types, in order (built once).
+  static const std::vector<R::Type> types = [] {
+    std::vector<R::Type> t = {R::kF32, R::kF32};  // x1, x2
+    for (int attention = 0; attention < 2; ++attention) {
+      t.insert(t.end(), std::begin(R::kSparseQKV), std::end(R::kSparseQKV));
+      t.insert(t.end(), std::begin(R::kCache), std::end(R::kCache));
+    }
+    t.insert(t.end(), std::begin(R::kSparseFF), std::end(R::kSparseFF));
+    // The SRU: norm, dense, W, b, c, dense.
+    t.insert(t.end(), {R::kF32, R::kF32});
+    t.insert(t.end(), std::begin(R::kDense), std::end(R::kDense));
+    t.insert(t.end(), {R::kF32, R::kF32, R::kF32});
+    t.insert(t.end(), std::begin(R::kDense), std::end(R::kDense));
+    return t;
+  }();
   ArgReader in(args);
   if (std::string what = in.Check(types); !what.empty()) return bad(what);
   auto x1 = in.Next<ffi::Buffer<ffi::F32>>();
