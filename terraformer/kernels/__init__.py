@@ -20,6 +20,10 @@ path: importing this package never needs the library.
   terraformer_block(x1, x2, attentions, ff, sru)  a Terraformer decoder
       block's step ('q8'): both attentions, the sparse FF block, the SRU
       path and the reversible sums, in one call
+  scaling_block(x, attention, ff[, cross])  a Scaling Transformer decoder
+      block's step ('q8'): the attention, the sparse-query cross-attention
+      over the encoder, the sparse FF block and the residual sums, in one
+      call
 
 The kernels pick their instruction set at run time: `set_isa` / the float
 kernels ('scalar', 'avx2', 'avx512'), `gemv_isa` / `set_gemv_isa` the Q8
@@ -47,7 +51,7 @@ _state = {'lib': None, 'tried': False, 'error': None}
 # Kernels a library built from an older source may lack: the others still
 # load, and callers of these keep XLA's code.
 _OPTIONAL = ('tf_cache_attention', 'tf_sparse_qkv', 'tf_sparse_qkv_attention',
-             'tf_terraformer_block')
+             'tf_terraformer_block', 'tf_scaling_block')
 
 
 def library_path():
@@ -398,6 +402,61 @@ def terraformer_block(x1, x2, attentions, ff, sru):
       use_tanh=sru['activation'] == 'tanh')
   z, w, *caches, c = results
   return z, w, tuple(caches[:3]), tuple(caches[3:]), c
+
+
+def scaling_block(x, attention, ff, cross=None):
+  """A Scaling Transformer decoder block's step (paper §3) in one call.
+
+  x [B, 1, d]:  a = x + A(x),  b = a + C(a) (b = a without `cross`),
+  y = b + FF(b), as the block's `tl.Residual`s compute them
+  (`models.scaling_transformer._Block`, `_EncoderDecoderBlock`).
+  `attention`: A's keyword arguments of `sparse_qkv_attention` after x (its
+  norm included); `ff`: `sparse_ff`'s after x (C2 packed); `cross`: the
+  sparse-query cross-attention's: the queries' sparse QKV operands d,
+  d_scale, e, e_scale, e_bias, kept, q, q_scale, q_bias and width q_width;
+  the encoder's keys_t [B, H, D, L] and values [B, H, L, D]
+  (`CrossAttention`'s state), its mask (B L elements, 0 at padding) and
+  the norm. Every norm has the same epsilon.
+  Returns (y, (keys', values', kept') of A, C's kept' or None).
+  """
+  _require()
+  a = dict(attention)
+  widths = dict(qk_width=int(a.pop('qk_width')), v_width=int(a.pop('v_width')))
+  operands, epsilon = _attention_operands(x, **a)
+  operands = list(operands)
+  epsilons = [epsilon]
+  q_width = 1
+  if cross is not None:
+    c = dict(cross)
+    q_width = int(c.pop('q_width'))
+    scale, bias, eps = c.pop('norm')
+    epsilons.append(np.float32(eps))
+    operands += [jnp.asarray(c['d'], jnp.int8), _f32(c['d_scale']),
+                 jnp.asarray(c['e'], jnp.int8), _f32(c['e_scale']),
+                 _f32(c['e_bias']), _f32(c['kept']),
+                 jnp.asarray(c['q'], jnp.int8), _f32(c['q_scale']),
+                 _f32(c['q_bias']), _f32(c['keys_t']), _f32(c['values']),
+                 _f32(c['mask']), _f32(scale), _f32(bias)]
+  ff = dict(ff)
+  block = int(ff.pop('block'))
+  ff_operands, epsilon = _sparse_ff_operands(**ff)
+  operands += ff_operands
+  epsilons.append(epsilon)
+  if len(set(epsilons)) != 1:
+    raise ValueError('tf_scaling_block: every norm must have the same '
+                     'epsilon')
+  caches = jax.ShapeDtypeStruct(attention['keys'].shape, jnp.float32)
+  out = [jax.ShapeDtypeStruct(x.shape, jnp.float32), caches, caches,
+         jax.ShapeDtypeStruct(attention['kept'].shape, jnp.float32)]
+  if cross is not None:
+    out.append(jax.ShapeDtypeStruct(cross['kept'].shape, jnp.float32))
+  # The caches follow x and sparse QKV's 12 operands.
+  results = jax.ffi.ffi_call('tf_scaling_block', tuple(out),
+                             input_output_aliases={13: 1, 14: 2})(
+      *operands, **widths, q_width=q_width, block=block,
+      epsilon=epsilons[0], cross=cross is not None)
+  y, keys, values, kept, *cross_kept = results
+  return y, (keys, values, kept), (cross_kept[0] if cross_kept else None)
 
 
 def _q8_dense(packed, scale, bias=None):

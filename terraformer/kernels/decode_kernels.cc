@@ -43,6 +43,7 @@
 #include <cstdint>
 #include <cstring>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -1558,55 +1559,60 @@ struct SparseQKVOperands {
   ffi::Buffer<ffi::F32> v_scale, v_bias;
 };
 
-std::string SparseQKVStep(ffi::ThreadPool* pool, const float* xp,
-                          int64_t x_count, const SparseQKVOperands& o,
-                          int64_t qk_width, int64_t v_width, float* q_out,
-                          float* k_out, float* v_out, float* kept_out) {
-  const auto& [dg, dg_scale, e, e_scale, e_bias, kept, qk, qk_scale, qk_bias,
-               v, v_scale, v_bias] = o;
+// The multiplicative layer of a sparse QKV step and the convolutions' input
+// image: B rows, F positions (the F - 1 kept and the new one), S modules of
+// M features.
+struct ImageShape {
+  int64_t B, F, S, M;
+};
+
+// "" when x [B, d], D [S, d] and its scales [S], E packed (d -> M) with its
+// scales [M] and bias [S * M] and the kept inputs [B, F - 1, S, M] agree;
+// their shape at *shape.
+std::string CheckMultiplicative(int64_t x_count,
+                                const ffi::Buffer<ffi::S8>& dg,
+                                const ffi::Buffer<ffi::F32>& dg_scale,
+                                const ffi::Buffer<ffi::S8>& e,
+                                const ffi::Buffer<ffi::F32>& e_scale,
+                                const ffi::Buffer<ffi::F32>& e_bias,
+                                const ffi::Buffer<ffi::F32>& kept,
+                                ImageShape* shape) {
   auto gd = dg.dimensions();
   auto kd = kept.dimensions();
   if (gd.size() != 2 || kd.size() != 4 || kd[1] < 1) {
     return "D must be [S, d] and the kept inputs [B, F - 1, S, M]";
   }
-  const int64_t S = gd[0], K = gd[1], B = kd[0], F = kd[1] + 1, M = kd[3];
+  const int64_t S = gd[0], K = gd[1], B = kd[0], M = kd[3];
   if (kd[2] != S || x_count != B * K ||
       static_cast<int64_t>(dg_scale.element_count()) != S) {
     return "x must be [B, d], D's scales [S] and the kept inputs "
            "[B, F - 1, S, M]";
   }
   if (static_cast<int64_t>(e_scale.element_count()) != M ||
-      static_cast<int64_t>(e_bias.element_count()) != S * M ||
-      static_cast<int64_t>(qk_scale.element_count()) != 2 * M ||
-      static_cast<int64_t>(qk_bias.element_count()) != 2 * M ||
-      static_cast<int64_t>(v_scale.element_count()) != M ||
-      static_cast<int64_t>(v_bias.element_count()) != M) {
-    return "scales and biases must be E's [M] and [S * M], the Q/K "
-           "kernels' [2 M] and the V kernel's [M]";
+      static_cast<int64_t>(e_bias.element_count()) != S * M) {
+    return "E's scales and bias must be [M] and [S * M]";
   }
-  if (qk_width < 1 || qk_width > S || v_width < 1 || v_width > S) {
-    return "module kernel widths must be in [1, S]";
-  }
-  struct Packed {
-    const char* name;
-    ffi::Span<const int64_t> dims;
-    int64_t k, n;
-  };
-  const Packed packed[] = {
-      {"E", e.dimensions(), K, M},
-      {"Q/K kernels", qk.dimensions(), F * qk_width * M, 2 * M},
-      {"V kernel", v.dimensions(), F * v_width * M, M}};
-  for (const Packed& p : packed) {
-    if (std::string what = PackedProblem(p.name, p.dims, p.k, p.n);
-        !what.empty()) {
-      return what;
-    }
-  }
-  // The step's buffers, reused from call to call.
-  thread_local std::vector<float> y, image, patches, ones, qk_y;
+  *shape = {B, kd[1] + 1, S, M};
+  return PackedProblem("E", e.dimensions(), K, M);
+}
+
+// y = Q8((x D[s]) E) + b [B, S, M] (tf_q8_matmul's product), the image
+// [B, F, S, M] of the kept inputs and y, and the kept inputs shifted by one
+// at kept_out. Returns the image (a buffer reused from call to call).
+const float* MultiplicativeImage(ffi::ThreadPool* pool, const float* xp,
+                                 const ImageShape& s,
+                                 const ffi::Buffer<ffi::S8>& dg,
+                                 const ffi::Buffer<ffi::F32>& dg_scale,
+                                 const ffi::Buffer<ffi::S8>& e,
+                                 const ffi::Buffer<ffi::F32>& e_scale,
+                                 const ffi::Buffer<ffi::F32>& e_bias,
+                                 const ffi::Buffer<ffi::F32>& kept,
+                                 float* kept_out) {
+  const auto [B, F, S, M] = s;
+  thread_local std::vector<float> y, image;
   y.resize(B * S * M);
   image.resize(B * F * S * M);
-  Q8Matmul(pool, xp, B, nullptr, S, K, e.typed_data(),
+  Q8Matmul(pool, xp, B, nullptr, S, dg.dimensions()[1], e.typed_data(),
            e.dimensions()[0], e.dimensions()[1] * 4,
            Q8Out{e_scale.typed_data(), e_bias.typed_data(), S, M, y.data()},
            dg.typed_data(), dg_scale.typed_data());
@@ -1619,28 +1625,74 @@ std::string SparseQKVStep(ffi::ThreadPool* pool, const float* xp,
               to + (F - 1) * plane);
     std::copy(to + plane, to + F * plane, kept_out + b * (F - 1) * plane);
   }
-  // A convolution: its patches times its packed kernels (a product with g =
-  // ones, as tf_q8_matmul's caller passes).
-  auto convolve = [&](int64_t width, const ffi::Buffer<ffi::S8>& p,
-                      const ffi::Buffer<ffi::F32>& scale,
-                      const ffi::Buffer<ffi::F32>& bias, int64_t n_out,
-                      float* out) {
-    const int64_t k_in = F * width * M;
-    patches.resize(B * S * k_in);
-    ConvPatches(image.data(), B, F, S, M, width, patches.data());
-    if (static_cast<int64_t>(ones.size()) < k_in) ones.assign(k_in, 1.f);
-    Q8Matmul(pool, patches.data(), B * S, ones.data(), 1, k_in,
-             p.typed_data(), p.dimensions()[0], p.dimensions()[1] * 4,
-             Q8Out{scale.typed_data(), bias.typed_data(), 1, n_out, out});
-  };
+  return image.data();
+}
+
+// A convolution at the image's last position: its patches (ConvPatches,
+// module kernel width `width`) times its packed kernels (F width M ->
+// n_out), as tf_q8_matmul computes it with g = ones -> out [B * S, n_out].
+void ConvolveImage(ffi::ThreadPool* pool, const float* image,
+                   const ImageShape& s, int64_t width,
+                   const ffi::Buffer<ffi::S8>& p,
+                   const ffi::Buffer<ffi::F32>& scale,
+                   const ffi::Buffer<ffi::F32>& bias, int64_t n_out,
+                   float* out) {
+  const auto [B, F, S, M] = s;
+  const int64_t k_in = F * width * M;
+  thread_local std::vector<float> patches, ones;
+  patches.resize(B * S * k_in);
+  ConvPatches(image, B, F, S, M, width, patches.data());
+  if (static_cast<int64_t>(ones.size()) < k_in) ones.assign(k_in, 1.f);
+  Q8Matmul(pool, patches.data(), B * S, ones.data(), 1, k_in, p.typed_data(),
+           p.dimensions()[0], p.dimensions()[1] * 4,
+           Q8Out{scale.typed_data(), bias.typed_data(), 1, n_out, out});
+}
+
+std::string SparseQKVStep(ffi::ThreadPool* pool, const float* xp,
+                          int64_t x_count, const SparseQKVOperands& o,
+                          int64_t qk_width, int64_t v_width, float* q_out,
+                          float* k_out, float* v_out, float* kept_out) {
+  const auto& [dg, dg_scale, e, e_scale, e_bias, kept, qk, qk_scale, qk_bias,
+               v, v_scale, v_bias] = o;
+  ImageShape s;
+  if (std::string what = CheckMultiplicative(x_count, dg, dg_scale, e,
+                                             e_scale, e_bias, kept, &s);
+      !what.empty()) {
+    return what;
+  }
+  const auto [B, F, S, M] = s;
+  if (static_cast<int64_t>(qk_scale.element_count()) != 2 * M ||
+      static_cast<int64_t>(qk_bias.element_count()) != 2 * M ||
+      static_cast<int64_t>(v_scale.element_count()) != M ||
+      static_cast<int64_t>(v_bias.element_count()) != M) {
+    return "scales and biases must be the Q/K kernels' [2 M] and the V "
+           "kernel's [M]";
+  }
+  if (qk_width < 1 || qk_width > S || v_width < 1 || v_width > S) {
+    return "module kernel widths must be in [1, S]";
+  }
+  if (std::string what = PackedProblem("Q/K kernels", qk.dimensions(),
+                                       F * qk_width * M, 2 * M);
+      !what.empty()) {
+    return what;
+  }
+  if (std::string what = PackedProblem("V kernel", v.dimensions(),
+                                       F * v_width * M, M);
+      !what.empty()) {
+    return what;
+  }
+  const float* image = MultiplicativeImage(pool, xp, s, dg, dg_scale, e,
+                                           e_scale, e_bias, kept, kept_out);
+  thread_local std::vector<float> qk_y;
   qk_y.resize(B * S * 2 * M);
-  convolve(qk_width, qk, qk_scale, qk_bias, 2 * M, qk_y.data());
+  ConvolveImage(pool, image, s, qk_width, qk, qk_scale, qk_bias, 2 * M,
+                qk_y.data());
   for (int64_t r = 0; r < B * S; ++r) {
     const float* from = qk_y.data() + r * 2 * M;
     std::copy(from, from + M, q_out + r * M);
     std::copy(from + M, from + 2 * M, k_out + r * M);
   }
-  convolve(v_width, v, v_scale, v_bias, M, v_out);
+  ConvolveImage(pool, image, s, v_width, v, v_scale, v_bias, M, v_out);
   return "";
 }
 
@@ -1761,14 +1813,11 @@ TF_AVX512 void WeightedSum(std::integer_sequence<int, NC...>, const float* w,
 // Most d_head the AVX-512 attention keeps in registers (16 vectors).
 constexpr int64_t kAttendMaxD = 256;
 
-// One query over one head's keys and values (AVX-512): the dots
-// (AttendDotsAvx512), e_j = exp(dots_j - max) (Exp16), weights e_j / sum_e,
-// then the weighted sum of the values (WeightedSumAvx512).
-TF_AVX512 void AttendHeadAvx512(const float* q, const float* k,
-                                const float* v, const bool* valid, int64_t D,
-                                int64_t count, float root, float* dots,
-                                float* out) {
-  AttendDotsAvx512(q, k, valid, D, count, root, dots);
+// The softmax of one head's dots over keys j < count (in place: e_j =
+// exp(dots_j - max) (Exp16), weights e_j / sum_e), then out = the weighted
+// sum of its values v [count, D] (WeightedSumAvx512); AVX-512, D <= 256.
+TF_AVX512 void SoftmaxValuesAvx512(float* dots, const float* v, int64_t D,
+                                   int64_t count, float* out) {
   __m512 vmax = _mm512_set1_ps(-INFINITY);
   for (int64_t j = 0; j < count; j += 16) {
     const __mmask16 m = count - j >= 16 ? 0xFFFF
@@ -1797,6 +1846,27 @@ TF_AVX512 void AttendHeadAvx512(const float* q, const float* k,
               count, out);
 }
 
+// The same on any path: weights exp(dots - logsumexp(dots)) (Trax's), then
+// the AVX-512 code where it runs.
+void SoftmaxValues(Isa isa, float* dots, const float* v, int64_t D,
+                   int64_t count, float* out) {
+  if (isa == Isa::kAvx512 && D <= kAttendMaxD) {
+    SoftmaxValuesAvx512(dots, v, D, count, out);
+    return;
+  }
+  float amax = -INFINITY;
+  for (int64_t j = 0; j < count; ++j) amax = std::max(amax, dots[j]);
+  if (!std::isfinite(amax)) amax = 0.f;
+  float total = 0.f;
+  for (int64_t j = 0; j < count; ++j) total += std::exp(dots[j] - amax);
+  const float lse = std::log(total) + amax;
+  std::fill(out, out + D, 0.f);
+  for (int64_t j = 0; j < count; ++j) {
+    float w = std::exp(dots[j] - lse);
+    if (w != 0.f) Axpy(isa, w, v + j * D, out, D);
+  }
+}
+
 void AttendCache(ffi::ThreadPool* pool, const float* qp, const float* kp,
                  const float* vp, const bool* mp, int64_t N, int64_t T,
                  int64_t D, int64_t M, int64_t first, float* op) {
@@ -1814,27 +1884,43 @@ void AttendCache(ffi::ThreadPool* pool, const float* qp, const float* kp,
       float* ot = op + (n * T + t) * D;
       const int64_t count = first + t + 1;
       if (isa == Isa::kAvx512 && D <= kAttendMaxD) {
-        AttendHeadAvx512(qt, kn, vn, mp == nullptr ? nullptr : mp + n * M, D,
-                         count, root, dots.data(), ot);
-        continue;
+        AttendDotsAvx512(qt, kn, mp == nullptr ? nullptr : mp + n * M, D,
+                         count, root, dots.data());
+      } else {
+        for (int64_t j = 0; j < count; ++j) {
+          float v = Dot(isa, kn + j * D, qt, D) / root;
+          if (mp != nullptr && !mp[n * M + j]) v = -1e9f;
+          dots[j] = v;
+        }
       }
-      float amax = -INFINITY;
-      for (int64_t j = 0; j < count; ++j) {
-        float v = Dot(isa, kn + j * D, qt, D) / root;
-        if (mp != nullptr && !mp[n * M + j]) v = -1e9f;
-        dots[j] = v;
-        amax = std::max(amax, v);
-      }
-      if (!std::isfinite(amax)) amax = 0.f;
-      float total = 0.f;
-      for (int64_t j = 0; j < count; ++j) total += std::exp(dots[j] - amax);
-      const float lse = std::log(total) + amax;
-      std::fill(ot, ot + D, 0.f);
-      for (int64_t j = 0; j < count; ++j) {
-        float w = std::exp(dots[j] - lse);
-        if (w != 0.f) Axpy(isa, w, vn + j * D, ot, D);
-      }
+      SoftmaxValues(isa, dots.data(), vn, D, count, ot);
     }
+  });
+}
+
+// Attention of one query per head over keys stored transposed, as
+// CrossAttention keeps the encoder's (layers/cross_attention.py): q [N, D],
+// keys_t [N, D, L], values [N, L, D], mask [N / heads, L] (a row per batch
+// row, 0: padding; nullptr: none) -> out [N, D]. Trax's _per_head_attention:
+// dots = q keys_t / sqrt(D), -1e9 where the mask is 0, weights exp(dots -
+// logsumexp(dots)) times the values. The dots accumulate row by row of
+// keys_t (contiguous in L).
+void AttendKeysT(ffi::ThreadPool* pool, const float* qp, const float* ktp,
+                 const float* vp, const float* mask, int64_t heads, int64_t N,
+                 int64_t D, int64_t L, float* op) {
+  const float root = std::sqrt(static_cast<float>(D));
+  const Isa isa = CurrentIsa();
+  bool parallel = N * L * D * 2 * 4 >= g_parallel_bytes.load();
+  ParallelFor(parallel ? pool : nullptr, N, [=](int64_t n) {
+    std::vector<float> dots(L + 16, 0.f);
+    const float* qn = qp + n * D;
+    const float* kn = ktp + n * D * L;
+    for (int64_t i = 0; i < D; ++i) Axpy(isa, qn[i], kn + i * L, dots.data(), L);
+    const float* mn = mask == nullptr ? nullptr : mask + (n / heads) * L;
+    for (int64_t j = 0; j < L; ++j) {
+      dots[j] = (mn != nullptr && mn[j] == 0.f) ? -1e9f : dots[j] / root;
+    }
+    SoftmaxValues(isa, dots.data(), vp + n * L * D, D, L, op + n * D);
   });
 }
 
@@ -2053,6 +2139,81 @@ std::string SruStep(ffi::ThreadPool* pool, const SruOperands& o,
   return "";
 }
 
+// An encoder-decoder attention step with sparse queries (models/common.py's
+// cross_attention with cross_attention_sparsity: Trax's AttentionQKV with
+// q_sparsity, result_sparsity='noop') of one position per row: LayerNorm,
+// sparse QKV's multiplicative layer and the queries' convolution (the
+// products of SparseQKVStep, one output), then attention over the
+// encoder's keys and values as CrossAttention keeps them (AttendKeysT); no
+// output layer. Operands: D, its scales, E packed, its scales and bias, the
+// kept inputs, the Q kernel packed (F q_width M -> M), its scales and bias;
+// the encoder's keys [B, H, D, L] and values [B, H, L, D], its mask [B, L]
+// (float, 0: padding), the norm's scale and bias.
+struct SparseQOperands {
+  ffi::Buffer<ffi::S8> dg;
+  ffi::Buffer<ffi::F32> dg_scale;
+  ffi::Buffer<ffi::S8> e;
+  ffi::Buffer<ffi::F32> e_scale, e_bias, kept;
+  ffi::Buffer<ffi::S8> q;
+  ffi::Buffer<ffi::F32> q_scale, q_bias;
+};
+
+struct EncoderOperands {
+  ffi::Buffer<ffi::F32> keys_t, values, mask, norm_scale, norm_bias;
+};
+
+// The step on x_count / d rows at x_in: y [B, 1, d] (the heads merged),
+// kept_out; "" or what is wrong.
+std::string CrossAttentionStep(ffi::ThreadPool* pool, const float* x_in,
+                               int64_t x_count, const SparseQOperands& o,
+                               const EncoderOperands& c, int64_t q_width,
+                               float epsilon, float* y, float* kept_out) {
+  ImageShape s;
+  if (std::string what = CheckMultiplicative(x_count, o.dg, o.dg_scale, o.e,
+                                             o.e_scale, o.e_bias, o.kept, &s);
+      !what.empty()) {
+    return what;
+  }
+  const auto [B, F, S, M] = s;
+  const int64_t d = o.dg.dimensions()[1];
+  if (!NormFits(c.norm_scale, c.norm_bias, d)) {
+    return "the norm's scale and bias must be [d]";
+  }
+  if (static_cast<int64_t>(o.q_scale.element_count()) != M ||
+      static_cast<int64_t>(o.q_bias.element_count()) != M) {
+    return "the Q kernel's scales and bias must be [M]";
+  }
+  if (q_width < 1 || q_width > S) return "module kernel widths must be in [1, S]";
+  if (std::string what = PackedProblem("Q kernel", o.q.dimensions(),
+                                       F * q_width * M, M);
+      !what.empty()) {
+    return what;
+  }
+  auto kd = c.keys_t.dimensions();
+  auto vd = c.values.dimensions();
+  if (kd.size() != 4 || vd.size() != 4 || kd[0] != B || kd[1] * kd[2] != d ||
+      vd[0] != B || vd[1] != kd[1] || vd[2] != kd[3] || vd[3] != kd[2]) {
+    return "the encoder's keys must be [B, H, D, L] and its values "
+           "[B, H, L, D], H D = d";
+  }
+  const int64_t H = kd[1], D = kd[2], L = kd[3];
+  if (static_cast<int64_t>(c.mask.element_count()) != B * L) {
+    return "the encoder's mask must have B L elements";
+  }
+  thread_local std::vector<float> normed, q;
+  const float* xp = NormRows(x_in, B, d, c.norm_scale, c.norm_bias, epsilon,
+                             &normed);
+  const float* image = MultiplicativeImage(pool, xp, s, o.dg, o.dg_scale, o.e,
+                                           o.e_scale, o.e_bias, o.kept,
+                                           kept_out);
+  q.resize(B * S * M);
+  ConvolveImage(pool, image, s, q_width, o.q, o.q_scale, o.q_bias, M,
+                q.data());
+  AttendKeysT(pool, q.data(), c.keys_t.typed_data(), c.values.typed_data(),
+              c.mask.typed_data(), H, B * H, D, L, y);
+  return "";
+}
+
 // Reads a call's operands in order (RemainingArgs), once Check has found
 // each of the element type it should have (then every read decodes).
 class ArgReader {
@@ -2069,6 +2230,23 @@ class ArgReader {
   static constexpr Type kSparseFF[] = {kF32, kAny, kF32, kF32, kAny, kAny,
                                        kF32, kF32, kF32, kF32, kF32};
   static constexpr Type kDense[] = {kS8, kF32, kF32};
+  static constexpr Type kSparseQ[] = {kS8, kF32, kS8, kF32, kF32,
+                                      kF32, kS8, kF32, kF32};
+  static constexpr Type kEncoder[] = {kF32, kF32, kF32, kF32, kF32};
+
+  // A Scaling Transformer block's operand types (tf_scaling_block): x,
+  // the attention's, with `cross` the cross-attention's, the sparse FF's.
+  static std::vector<Type> ScalingBlockTypes(bool cross) {
+    std::vector<Type> t = {kF32};
+    t.insert(t.end(), std::begin(kSparseQKV), std::end(kSparseQKV));
+    t.insert(t.end(), std::begin(kCache), std::end(kCache));
+    if (cross) {
+      t.insert(t.end(), std::begin(kSparseQ), std::end(kSparseQ));
+      t.insert(t.end(), std::begin(kEncoder), std::end(kEncoder));
+    }
+    t.insert(t.end(), std::begin(kSparseFF), std::end(kSparseFF));
+    return t;
+  }
 
   explicit ArgReader(const ffi::RemainingArgs& args) : args_(args) {}
 
@@ -2110,6 +2288,18 @@ class ArgReader {
             Next<ffi::Buffer<ffi::F32>>(), Next<ffi::Buffer<ffi::F32>>(),
             Next<ffi::AnyBuffer>(),        Next<ffi::AnyBuffer>(),
             Next<ffi::Buffer<ffi::F32>>(), Next<ffi::Buffer<ffi::F32>>(),
+            Next<ffi::Buffer<ffi::F32>>(), Next<ffi::Buffer<ffi::F32>>(),
+            Next<ffi::Buffer<ffi::F32>>()};
+  }
+  SparseQOperands SparseQ() {
+    return {Next<ffi::Buffer<ffi::S8>>(), Next<ffi::Buffer<ffi::F32>>(),
+            Next<ffi::Buffer<ffi::S8>>(), Next<ffi::Buffer<ffi::F32>>(),
+            Next<ffi::Buffer<ffi::F32>>(), Next<ffi::Buffer<ffi::F32>>(),
+            Next<ffi::Buffer<ffi::S8>>(), Next<ffi::Buffer<ffi::F32>>(),
+            Next<ffi::Buffer<ffi::F32>>()};
+  }
+  EncoderOperands Encoder() {
+    return {Next<ffi::Buffer<ffi::F32>>(), Next<ffi::Buffer<ffi::F32>>(),
             Next<ffi::Buffer<ffi::F32>>(), Next<ffi::Buffer<ffi::F32>>(),
             Next<ffi::Buffer<ffi::F32>>()};
   }
@@ -2235,6 +2425,99 @@ ffi::Error TerraformerBlockImpl(ffi::ThreadPool pool, ffi::RemainingArgs args,
   return ffi::Error::Success();
 }
 
+// A Scaling Transformer decoder block (models/scaling_transformer.py's
+// _Block or _EncoderDecoderBlock: sparse QKV attention, sparse FF, with an
+// encoder the sparse-query cross-attention) of one position per row, in one
+// call:
+//   a = x + A(LN_a(x)),  b = a + C(LN_c(a)) (with `cross`; else b = a),
+//   y = b + FF(LN_f(b)),
+// A the sparse QKV attention (SparseQKVAttentionStep), C the cross-attention
+// (CrossAttentionStep), FF the sparse FF block (SparseFFStep, C2 packed):
+// the operations of their own calls, in the block's order (tl.Residual's
+// sums; Dropout is the identity when decoding).
+// Operands: x [B, 1, d]; A's 12 sparse QKV operands, then keys, values,
+// valid, idx, norm scale, norm bias; with `cross` C's 9 sparse query
+// operands, then the encoder's keys, values, mask, norm scale, norm bias;
+// the sparse FF's C1, C2, C2's scales, c, W1ᵀ, W2, b2, s1, s2, norm scale,
+// norm bias. Results: y, A's keys', values', kept' (the caches alias their
+// operands), with `cross` C's kept'.
+ffi::Error ScalingBlockImpl(ffi::ThreadPool pool, ffi::RemainingArgs args,
+                            ffi::RemainingRets rets, int64_t qk_width,
+                            int64_t v_width, int64_t q_width, int64_t block,
+                            float epsilon, bool cross) {
+  auto bad = [](const std::string& what) {
+    return ffi::Error(ffi::ErrorCode::kInvalidArgument,
+                      "tf_scaling_block: " + what);
+  };
+  using R = ArgReader;
+  // The operands' element types, in order (built once), without and with
+  // the cross-attention.
+  static const std::vector<R::Type> types[2] = {
+      R::ScalingBlockTypes(false), R::ScalingBlockTypes(true)};
+  ArgReader in(args);
+  if (std::string what = in.Check(types[cross]); !what.empty()) {
+    return bad(what);
+  }
+  auto x = in.Next<ffi::Buffer<ffi::F32>>();
+  const SparseQKVOperands qkv = in.SparseQKV();
+  const CacheOperands cache = in.Cache();
+  std::optional<SparseQOperands> sparse_q;
+  std::optional<EncoderOperands> encoder;
+  if (cross) {
+    sparse_q.emplace(in.SparseQ());
+    encoder.emplace(in.Encoder());
+  }
+  const SparseFFOperands ff_ops = in.SparseFF();
+  const size_t n_results = cross ? 5 : 4;
+  if (rets.size() != n_results) {
+    return bad("expected " + std::to_string(n_results) + " results, got " +
+               std::to_string(rets.size()));
+  }
+  float* out[5];
+  int64_t out_count[5];
+  for (size_t i = 0; i < n_results; ++i) {
+    auto r = rets.get<ffi::Buffer<ffi::F32>>(i);
+    if (!r.has_value()) {
+      return bad("result " + std::to_string(i) + ": " + r.error().message());
+    }
+    out[i] = (*r)->typed_data();
+    out_count[i] = (*r)->element_count();
+  }
+  const int64_t count = x.element_count();
+  if (out_count[0] != count) return bad("y must have x's shape");
+  if (cross && out_count[4] !=
+                   static_cast<int64_t>(sparse_q->kept.element_count())) {
+    return bad("the cross-attention's kept' must have its kept's shape");
+  }
+  thread_local std::vector<float> a, b, f_out;
+  a.resize(count);
+  f_out.resize(count);
+  const float* xp = x.typed_data();
+  // a = x + A(x)
+  std::string what = SparseQKVAttentionStep(
+      &pool, xp, count, qkv, cache, qk_width, v_width, epsilon, f_out.data(),
+      count, out[1], out[2], out[3]);
+  if (!what.empty()) return bad("attention: " + what);
+  for (int64_t i = 0; i < count; ++i) a[i] = xp[i] + f_out[i];
+  const float* bp = a.data();
+  // b = a + C(a)
+  if (cross) {
+    what = CrossAttentionStep(&pool, a.data(), count, *sparse_q, *encoder,
+                              q_width, epsilon, f_out.data(), out[4]);
+    if (!what.empty()) return bad("cross-attention: " + what);
+    b.resize(count);
+    for (int64_t i = 0; i < count; ++i) b[i] = a[i] + f_out[i];
+    bp = b.data();
+  }
+  // y = b + FF(b)
+  ffi::Error error = SparseFFStep(&pool, "tf_scaling_block: sparse FF", bp,
+                                  count, ff_ops, f_out.data(), block, epsilon);
+  if (error.failure()) return error;
+  float* y = out[0];
+  for (int64_t i = 0; i < count; ++i) y[i] = bp[i] + f_out[i];
+  return ffi::Error::Success();
+}
+
 }  // namespace
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(tf_skinny_matmul, SkinnyMatmulImpl,
@@ -2333,6 +2616,18 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(tf_terraformer_block, TerraformerBlockImpl,
                                   .Attr<float>("epsilon")
                                   .Attr<float>("highway_scale")
                                   .Attr<bool>("use_tanh"));
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(tf_scaling_block, ScalingBlockImpl,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::ThreadPool>()
+                                  .RemainingArgs()
+                                  .RemainingRets()
+                                  .Attr<int64_t>("qk_width")
+                                  .Attr<int64_t>("v_width")
+                                  .Attr<int64_t>("q_width")
+                                  .Attr<int64_t>("block")
+                                  .Attr<float>("epsilon")
+                                  .Attr<bool>("cross"));
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(tf_cache_attention, CacheAttentionImpl,
                               ffi::Ffi::Bind()

@@ -21,6 +21,9 @@ behaviour stay the same; only the predict-mode forward changes):
   Terraformer decoder blocks (their reversible stack) tf_terraformer_block
                        -> KernelReversibleSerial      ('q8'; a whole block,
                           two attentions, sparse FF and SRU, in one call)
+  Scaling Transformer decoder blocks (the Serial      tf_scaling_block
+  holding them)        -> KernelScalingBlocks         ('q8'; a whole block,
+                          attention, cross-attention, sparse FF, one call)
   PrefixCausalAttention (predict)                     tf_cache_attention
                        -> KernelPrefixCausalAttention
   CausalDotProductAttention (predict)                 tf_cache_attention
@@ -71,6 +74,7 @@ from trax.layers import normalization as trax_normalization
 
 from terraformer import kernels
 from terraformer.layers import reversible as rev
+from terraformer.layers.cross_attention import CrossAttention
 from terraformer.layers.low_rank_sru import ACTIVATIONS as SRU_ACTIVATIONS
 from terraformer.layers.low_rank_sru import SRU
 from terraformer.layers.lsh_attention import CausalDotProductAttention
@@ -452,14 +456,19 @@ class KernelSparseQKV(_KernelMixin, trax_combinators.Serial):
   run the sublayers, each with its own kernel.
   """
 
-  def _fusable(self, x, weights=None):
+  def _fusable(self, x, weights=None, n_outputs=3):
+    """Whether the step of x runs as one product chain in C++: with
+    `n_outputs` 3, sparse QKV's (Q/K and V kernels of different widths);
+    with 1, the queries alone (a cross-attention's, `query_operands`)."""
     mult, conv = self.sublayers
     sizes = conv._module_kernel_sizes  # pylint: disable=protected-access
     w_mult, w_conv = self.weights if weights is None else weights
+    widths_fit = (len(sizes) == 3 and sizes[0] == sizes[1] != sizes[2]
+                  if n_outputs == 3 else len(sizes) == 1)
     return (self._tf_use_ffi and kernels.available()
             and x.ndim == 3 and x.shape[1] == 1
             and x.shape[0] * mult._n_modules <= MAX_FFI_ROWS  # pylint: disable=protected-access
-            and len(sizes) == 3 and sizes[0] == sizes[1] != sizes[2]
+            and widths_fit
             and conv._kernel_size > 1  # pylint: disable=protected-access
             and conv._d_module % Q8_ROWS == 0  # pylint: disable=protected-access
             and mult._use_bias and is_q8(w_mult[1])  # pylint: disable=protected-access
@@ -474,6 +483,17 @@ class KernelSparseQKV(_KernelMixin, trax_combinators.Serial):
     sizes = conv._module_kernel_sizes  # pylint: disable=protected-access
     return ((d, d_scale, e, e_scale, bias, state[1], k_qk, s_qk, b_qk, k_v,
              s_v, b_v), (sizes[0], sizes[2]))
+
+  def query_operands(self, weights, state):
+    """The queries-only step's operands (one output: `kernels.scaling_block`'s
+    cross-attention keys d .. q_bias and q_width), from the Serial's
+    weights and state."""
+    mult, conv = self.sublayers
+    d, e, bias, e_scale, d_scale = mult._split(weights[0])  # pylint: disable=protected-access
+    k_q, b_q, s_q = weights[1]
+    return dict(d=d, d_scale=d_scale, e=e, e_scale=e_scale, e_bias=bias,
+                kept=state[1], q=k_q, q_scale=s_q, q_bias=b_q,
+                q_width=conv._module_kernel_sizes[0])  # pylint: disable=protected-access
 
   def forward(self, xs):
     x = xs[0] if isinstance(xs, (tuple, list)) else xs
@@ -860,6 +880,186 @@ class KernelReversibleSerial(_KernelMixin, rev.ReversibleSerial):
     return (x1, x2, *rest)
 
 
+def _residual_branch(layer):
+  """The branch f of `tl.Residual(f)` (Serial[Branch(Select, Parallel(
+  shortcut, f)), Add] with the identity shortcut); None for other
+  layers."""
+  subs = layer.sublayers
+  if (type(layer) is not trax_combinators.Serial or len(subs) != 2  # pylint: disable=unidiomatic-typecheck
+      or subs[1].name != 'Add' or subs[0].name != 'Branch'
+      or len(subs[0].sublayers) != 2):
+    return None
+  parallel = subs[0].sublayers[1]
+  if (not isinstance(parallel, trax_combinators.Parallel)
+      or len(parallel.sublayers) != 2 or parallel.sublayers[0].sublayers
+      or parallel.sublayers[0].n_in != 1):
+    return None
+  return parallel.sublayers[1]
+
+
+def _cross_attention_parts(f):
+  """The parts of a sparse-query cross-attention branch f,
+  Serial[LayerNorm, Select[0,2,1,2], Serial[Parallel(SparseQKV (queries
+  only), tl.Cache(keys, values)), CrossAttention], Dropout]
+  (models/common.py's cross_attention): (the LayerNorm, the queries'
+  KernelSparseQKV, the CrossAttention); None for other layers."""
+  subs = f.sublayers
+  if (type(f) is not trax_combinators.Serial or len(subs) != 4  # pylint: disable=unidiomatic-typecheck
+      or _norm_of(subs[0]) is not subs[0] or subs[1].name != 'Select[0,2,1,2]'
+      or not _is_predict_dropout(subs[3])
+      or type(subs[2]) is not trax_combinators.Serial  # pylint: disable=unidiomatic-typecheck
+      or len(subs[2].sublayers) != 2):
+    return None
+  heads, attention = subs[2].sublayers
+  if (not isinstance(heads, trax_combinators.Parallel)
+      or len(heads.sublayers) != 2
+      or not isinstance(heads.sublayers[0], KernelSparseQKV)
+      or not isinstance(heads.sublayers[1], trax_combinators.Cache)
+      or not isinstance(attention, CrossAttention)
+      or attention._mode != 'predict'):  # pylint: disable=protected-access
+    return None
+  return subs[0], heads.sublayers[0], attention
+
+
+def _block_kind(layer):
+  """'attention', 'cross' or 'sparse_ff' for a residual whose branch one
+  call of a Scaling Transformer block covers; None for other layers."""
+  f = _residual_branch(layer)
+  if f is None:
+    return None
+  if isinstance(f, KernelNormSerial):
+    kernel = _kernel_of(f)
+    if isinstance(kernel, KernelSparseQKVAttention):
+      return 'attention'
+    if isinstance(kernel, KernelSparseFF):
+      return 'sparse_ff'
+    return None
+  return 'cross' if _cross_attention_parts(f) is not None else None
+
+
+def _scaling_block_starts(layers):
+  """{index: number of layers} of the Scaling Transformer decoder blocks in
+  a Serial's `layers` (flattened in it, as the models build them): the
+  residuals of the attention, [the cross-attention,] the sparse FF."""
+  kinds = [_block_kind(layer) for layer in layers]
+  starts = {}
+  for i, kind in enumerate(kinds):
+    if kind != 'attention':
+      continue
+    for pattern in (('attention', 'cross', 'sparse_ff'),
+                    ('attention', 'sparse_ff')):
+      if tuple(kinds[i:i + len(pattern)]) == pattern:
+        starts[i] = len(pattern)
+        break
+  return starts
+
+
+class KernelScalingBlocks(_KernelMixin, trax_combinators.Serial):
+  """A Serial holding Scaling Transformer decoder blocks (the residuals of
+  a sparse QKV attention, of a sparse-query cross-attention with an
+  encoder, and of a sparse FF block, flattened into the model's Serial)
+  whose decoding step, with 'q8' storage, is one `tf_scaling_block` call
+  per block: each residual branch's call (its LayerNorm included) and the
+  residual sums. The position indices stay XLA's. Its other layers, a
+  prompt, and blocks whose parts would not run their own fused calls run
+  as the Serial runs them.
+  """
+
+  def _block_arguments(self, stack, weights, state, i, size):
+    """`kernels.scaling_block`'s arguments (attention, ff, cross) for the
+    block of `size` layers at sublayer i on `stack`, and the function of
+    its results after y that gives the new states of those sublayers; None
+    where it cannot run."""
+    items = stack if isinstance(stack, (tuple, list)) else (stack,)
+    x = items[0]
+    layers = self.sublayers[i:i + size]
+    branches = [_residual_branch(layer) for layer in layers]
+    paths = [_path(layer, f) for layer, f in zip(layers, branches)]
+    w = [_at(weights[i + k], p) for k, p in enumerate(paths)]
+    s = [_at(state[i + k], p) for k, p in enumerate(paths)]
+    attention = branches[0].step_arguments(x, w[0], s[0])
+    ff = branches[-1].step_arguments(x, w[-1], s[-1])
+    if (attention is None or attention[0] != 'attention' or ff is None
+        or ff[0] != 'sparse_ff'):
+      return None
+    epsilon = attention[1]['norm'][2]
+    cross = None
+    if size == 3:
+      cross = self._cross_arguments(branches[1], x, items, w[1], s[1])
+      if cross is None or cross[0]['norm'][2] != epsilon:
+        return None
+    if ff[1]['norm'][2] != epsilon:
+      return None
+
+    def new_states(caches, cross_kept):
+      new = {i: _with(state[i], paths[0], attention[2](*caches))}
+      if cross is not None:
+        new[i + 1] = _with(state[i + 1], paths[1], cross[1](cross_kept))
+      return new
+
+    return attention[1], ff[1], (cross[0] if cross else None), new_states
+
+  @staticmethod
+  def _cross_arguments(f, x, items, weights, state):
+    """The cross-attention branch f's arguments of `kernels.scaling_block`
+    and the function of its kept' that gives f's new state; None where
+    the call cannot run (the first step, whose keys are not split yet)."""
+    norm, queries, attention = _cross_attention_parts(f)
+    q_path = _path(f, queries)
+    a_path = _path(f, attention)
+    w_q, s_q = _at(weights, q_path), _at(state, q_path)
+    s_att = _at(state, a_path)
+    if (len(items) < 2 or not s_att
+        or not queries._fusable(x, w_q, n_outputs=1)):  # pylint: disable=protected-access
+      return None
+    mask = items[1]
+    keys_t, values = s_att
+    if (mask is None or mask.size != x.shape[0] * keys_t.shape[-1]
+        or keys_t.dtype != jnp.float32 or not norm._center):  # pylint: disable=protected-access
+      return None
+    scale, bias = weights[0]
+    arguments = dict(queries.query_operands(w_q, s_q), keys_t=keys_t,
+                     values=values, mask=mask,
+                     norm=(scale, bias, norm._epsilon))  # pylint: disable=protected-access
+
+    def new_state(kept):
+      return _with(state, q_path, (s_q[0], kept.astype(s_q[1].dtype)))
+
+    return arguments, new_state
+
+  def forward(self, xs):
+    if not (self._tf_use_ffi and kernels.has_kernel('tf_scaling_block')):
+      return super().forward(xs)
+    starts = _scaling_block_starts(self.sublayers)
+    if not starts:
+      return super().forward(xs)
+    subs, weights, state = self.sublayers, self.weights, self.state
+    rngs = trax_combinators._split_rngs(self.rng, len(subs))  # pylint: disable=protected-access
+    stack, new_state, i = xs, list(state), 0
+    while i < len(subs):
+      size = starts.get(i)
+      block = size and self._block_arguments(stack, weights, state, i, size)
+      if block:
+        attention, ff, cross, new_states = block
+        items = stack if isinstance(stack, (tuple, list)) else (stack,)
+        y, caches, cross_kept = kernels.scaling_block(items[0], attention, ff,
+                                                      cross)
+        y = y.astype(items[0].dtype)
+        stack = (y, *items[1:]) if isinstance(stack, (tuple, list)) else y
+        for j, s in new_states(caches, cross_kept).items():
+          new_state[j] = s
+        i += size
+        continue
+      layer = subs[i]
+      inputs = trax_combinators.inputs_from_stack(stack, layer.n_in)
+      outputs, new_state[i] = layer.pure_fn(inputs, weights[i], state[i],
+                                            rngs[i], use_cache=True)
+      stack = trax_combinators.outputs_onto_stack(outputs, stack, layer.n_in)
+      i += 1
+    self.state = tuple(new_state)
+    return stack
+
+
 @gin.configurable(module='terraformer')
 def cache_attention_kernel(enabled=True):
   """Whether `install` gives predict-mode causal attention (sparse QKV's and
@@ -876,6 +1076,16 @@ def terraformer_block_kernel(enabled=True):
   keeps its parts' own calls (two `tf_sparse_qkv_attention`, `tf_sparse_ff`,
   the SRU's two `tf_q8_matmul`) and XLA's sums, swaps and SRU cell: the
   same step within float rounding, call by call in a profile."""
+  return enabled
+
+
+@gin.configurable(module='terraformer')
+def scaling_block_kernel(enabled=True):
+  """Whether `install` makes a Scaling Transformer decoder block's 'q8'
+  decoding step one `tf_scaling_block` call (`KernelScalingBlocks`); False
+  keeps its parts' own calls (`tf_sparse_qkv_attention`, `tf_sparse_ff`,
+  the cross-attention queries' two `tf_q8_matmul`) and XLA's residual sums
+  and cross-attention: the same step within float rounding."""
   return enabled
 
 
@@ -958,25 +1168,32 @@ def install(model, use_ffi=True, attention=None, block=None):
   model used for decoding only). `use_ffi=False` keeps XLA's code (the
   classes still read bf16/int8 storage). `attention` (default: the gin
   switch `cache_attention_kernel`) includes the predict-mode causal
-  attention layers; `block` (default: the gin switch
-  `terraformer_block_kernel`) the reversible stacks, whose Terraformer
-  decoder blocks then run as one call each.
+  attention layers; `block` (default: the gin switches
+  `terraformer_block_kernel` and `scaling_block_kernel`) the reversible
+  stacks and the Serials holding Scaling Transformer decoder blocks, whose
+  blocks then run as one call each.
   """
   count = 0
   if attention is None:
     attention = cache_attention_kernel()
-  if block is None:
-    block = terraformer_block_kernel()
+  terraformer_blocks = terraformer_block_kernel() if block is None else block
+  scaling_blocks = scaling_block_kernel() if block is None else block
 
   def walk(layer):
     nonlocal count
-    cls = _kernel_class(layer, attention, block)
+    cls = _kernel_class(layer, attention, terraformer_blocks)
     if cls is not None:
       layer.__class__ = cls
       layer._tf_use_ffi = use_ffi  # pylint: disable=protected-access
       count += 1
     for sub in layer.sublayers:
       walk(sub)
+    # After its sublayers: the blocks are found by their kernel classes.
+    if (scaling_blocks and type(layer) is trax_combinators.Serial  # pylint: disable=unidiomatic-typecheck
+        and _scaling_block_starts(layer.sublayers)):
+      layer.__class__ = KernelScalingBlocks
+      layer._tf_use_ffi = use_ffi  # pylint: disable=protected-access
+      count += 1
 
   walk(model)
   return count

@@ -26,3 +26,18 @@ def gemv_isa():
 
   yield use
   kernels.set_gemv_isa(kernels.GEMV_ISA_NAMES[-1])
+
+
+@pytest.fixture
+def float_isa():
+  """Sets the float kernels' instruction set (skips if the CPU lacks it);
+  restores the best one afterwards."""
+  assert kernels.available(), kernels.unavailable_reason()
+
+  def use(name):
+    used = kernels.set_isa(name)
+    if used != name:
+      pytest.skip(f'this CPU lacks {name} (the float kernels use {used})')
+
+  yield use
+  kernels.set_isa(kernels.ISA_NAMES[-1])

@@ -6,7 +6,9 @@ sparse QKV's step (the multiplicative layer, the Q/K and the V
 convolutions), `KernelSparseQKVAttention` (tf_sparse_qkv_attention)
 that call and the attention's tf_cache_attention, and
 `KernelReversibleSerial` (tf_terraformer_block) a Terraformer decoder
-block's five calls and its XLA residuals, SRU cell and swaps. Each is
+block's five calls and its XLA residuals, SRU cell and swaps, and
+`KernelScalingBlocks` (tf_scaling_block) a Scaling Transformer decoder
+block's calls, its cross-attention and its residual sums. Each is
 checked against the calls it replaces (the same operations: the same bits,
 step after step, outputs and state; the block within float rounding: its
 SRU cell is C++, not XLA) and against XLA's quantized path (float
@@ -30,7 +32,9 @@ from terraformer.layers.attention import TransformerSelfAttention
 from terraformer.layers.sparse_ff import SparseFF
 from terraformer.layers.sparse_qkv_attention import SparseQKV
 from greedy_decoding import greedy  # tests/greedy_decoding.py
+from terraformer.decoding import step as decode_step
 from terraformer.models import ScalingTransformer
+from terraformer.models import ScalingTransformerLM
 from terraformer.models import Terraformer
 
 
@@ -150,6 +154,8 @@ def _unfused_attention(monkeypatch):
                       trax_combinators.Serial.forward)
   monkeypatch.setattr(kernel_layers.KernelReversibleSerial, 'forward',
                       trax_combinators.Serial.forward)
+  monkeypatch.setattr(kernel_layers.KernelScalingBlocks, 'forward',
+                      trax_combinators.Serial.forward)
 
 
 def _attention_steps(layer, x, stored, state, steps):
@@ -240,17 +246,183 @@ def _calls(hlo):
                     r'constraints=\{(.*?\})\}', hlo)
 
 
+def _scaling_lm_q8():
+  return ScalingTransformerLM(
+      vocab_size=96, d_model=64, d_ff=128, n_layers=2, n_heads=4,
+      dropout=0.0, max_len=64, d_lowrank=8, ff_sparsity=8,
+      attention_sparsity=4, loss_sparsity=4, mode='predict')
+
+
+def _scaling_blocks_as_parts(monkeypatch):
+  """Scaling Transformer blocks as their parts' own calls."""
+  monkeypatch.setattr(kernel_layers.KernelScalingBlocks, 'forward',
+                      trax_combinators.Serial.forward)
+
+
+@pytest.mark.parametrize('build', [_scaling_q8, _scaling_lm_q8],
+                         ids=['encoder_decoder', 'lm'])
+@pytest.mark.parametrize('name', kernels.GEMV_ISA_NAMES)
+def test_scaling_transformer_decoder_block_is_one_call(gemv_isa, float_isa,
+                                                       monkeypatch, name,
+                                                       build):
+  """A whole 'q8' Scaling Transformer decoding step makes one
+  tf_scaling_block call per decoder block (and one for the sparse loss):
+  the attention, the cross-attention over the encoder (sparse queries,
+  attention over its split keys) and the sparse FF, with the residual
+  sums; the caches are aliased to the step's outputs and never copied.
+  Its greedy decode has the tokens of the step made of the blocks' own
+  calls (tf_sparse_qkv_attention, the queries' two tf_q8_matmul and XLA's
+  cross-attention, tf_sparse_ff), the logits within float rounding; so
+  does the fully unfused step. The float kernels (the attentions) take
+  the path of the same level as the GEMV."""
+  gemv_isa(name)
+  float_isa(kernels.ISA_NAMES[kernels.GEMV_ISA_NAMES.index(name)])
+  logits, tokens, hlo = greedy(build, ('ffi', 'q8'), n_tokens=6,
+                               compiled=True)
+  targets = [t for t, _ in _calls(hlo)]
+  assert targets.count('tf_scaling_block') == 2  # the decoder blocks
+  assert targets == ['tf_scaling_block'] * 2 + ['tf_q8_matmul']
+  assert 'input_output_alias' in hlo.splitlines()[0]
+  assert not re.findall(r'= f32\[4,64,16\]\{2,1,0\} copy\(', hlo)
+  with monkeypatch.context() as patch:
+    _scaling_blocks_as_parts(patch)
+    b_logits, b_tokens, b_hlo = greedy(build, ('ffi', 'q8'), n_tokens=6,
+                                       compiled=True)
+  b_targets = [t for t, _ in _calls(b_hlo)]
+  assert b_targets.count('tf_sparse_qkv_attention') == 2
+  assert b_targets.count('tf_sparse_ff') == 2
+  assert 'tf_scaling_block' not in b_targets
+  np.testing.assert_allclose(logits, b_logits, rtol=0, atol=1e-5)
+  assert tokens == b_tokens
+  with monkeypatch.context() as patch:
+    _unfused_attention(patch)
+    u_logits, u_tokens, _ = greedy(build, ('ffi', 'q8'), n_tokens=6,
+                                   compiled=True)
+  np.testing.assert_allclose(logits, u_logits, rtol=0, atol=1e-4)
+  assert tokens == u_tokens
+
+
+def test_scaling_block_state_matches_its_parts(gemv_isa, monkeypatch):
+  """2 rows whose inputs have different padding: the encoder-decoder
+  model's outputs and whole state after the fused blocks (the attentions'
+  caches and kept inputs, the cross-attention queries' kept inputs, the
+  split encoder keys) equal those after the blocks' own calls, to float
+  rounding, step after step; the padded row attends to its own inputs
+  only (its tokens change when the padding is made a token)."""
+  gemv_isa(kernels.GEMV_ISA_NAMES[-1])
+  inputs = jnp.array([[1, 2, 3, 4, 5, 6, 7, 8], [9, 8, 7, 0, 0, 0, 0, 0]],
+                     jnp.int32)
+
+  def run(fused, inputs):
+    with monkeypatch.context() as patch:
+      if not fused:
+        _scaling_blocks_as_parts(patch)
+      model = _scaling_q8()
+      sig = decode_step.predict_signature(model, prompt_len=8, batch=2)
+      weights, state = model.init(sig, rng=jax.random.PRNGKey(1))
+      step = decode_step.make_step(model, options=('ffi', 'q8'))
+      token = jnp.full((2, 1), 5, jnp.int32)
+      results = []
+      for t in range(4):
+        if t == 1:
+          text = step.jitted.lower((inputs, token), step.store_weights(
+              weights), state, jax.random.PRNGKey(0)).as_text()
+        out, state = step((inputs, token), weights, state,
+                          jax.random.PRNGKey(0))
+        logits = out[0] if isinstance(out, (tuple, list)) else out
+        token = jnp.argmax(logits[:, -1], -1).astype(jnp.int32)[:, None]
+        results.append((np.asarray(logits), jax.tree_util.tree_map(
+            np.asarray, state)))
+      return results, text
+
+  (fused, text), (parts, parts_text) = run(True, inputs), run(False, inputs)
+  assert text.count('tf_scaling_block') == 2
+  assert 'tf_scaling_block' not in parts_text
+  for (out, st), (out2, st2) in zip(fused, parts):
+    np.testing.assert_allclose(out, out2, rtol=1e-5, atol=1e-5)
+    leaves, leaves2 = (jax.tree_util.tree_leaves(t) for t in (st, st2))
+    assert len(leaves) == len(leaves2)
+    for a, b in zip(leaves, leaves2):
+      assert a.shape == b.shape and a.dtype == b.dtype
+      np.testing.assert_allclose(np.asarray(a, np.float32),
+                                 np.asarray(b, np.float32),
+                                 rtol=1e-5, atol=1e-5)
+  # The mask counts: without it, the second row would attend to the
+  # padding's keys too.
+  unpadded, _ = run(True, inputs.at[1, 3:].set(3))
+  assert not np.allclose(unpadded[-1][0][1], fused[-1][0][1], atol=1e-5)
+  np.testing.assert_allclose(unpadded[-1][0][0], fused[-1][0][0],
+                             rtol=1e-5, atol=1e-5)
+
+
+def test_gin_switch_keeps_a_scaling_blocks_own_calls(gemv_isa):
+  """scaling_block_kernel.enabled = False: the decoder blocks make their
+  parts' calls, with the fused step's greedy tokens."""
+  gemv_isa(kernels.GEMV_ISA_NAMES[-1])
+  _, tokens, _ = greedy(_scaling_q8, ('ffi', 'q8'), n_tokens=4,
+                        compiled=True)
+  with gin.unlock_config():
+    gin.bind_parameter('terraformer.scaling_block_kernel.enabled', False)
+  _, parts_tokens, hlo = greedy(_scaling_q8, ('ffi', 'q8'), n_tokens=4,
+                                compiled=True)
+  targets = [t for t, _ in _calls(hlo)]
+  assert 'tf_scaling_block' not in targets
+  assert targets.count('tf_sparse_qkv_attention') == 2
+  assert targets.count('tf_sparse_ff') == 2
+  assert parts_tokens == tokens
+
+
+def test_scaling_block_rejects_mismatched_operands(gemv_isa, monkeypatch):
+  """A block call whose operands disagree gets one line naming what is
+  wrong, not a crash: an operand of the wrong type, and an encoder mask
+  of the wrong length."""
+  gemv_isa(kernels.GEMV_ISA_NAMES[-1])
+  model = _scaling_q8()
+  sig = decode_step.predict_signature(model, prompt_len=8)
+  weights, state = model.init(sig, rng=jax.random.PRNGKey(1))
+  step = decode_step.make_step(model, options=('ffi', 'q8'))
+  x = (jnp.arange(1, 9, dtype=jnp.int32)[None], jnp.ones((1, 1), jnp.int32))
+  _, state = step(x, weights, state, jax.random.PRNGKey(0))
+  stored = step.store_weights(weights)
+  captured = {}
+
+  def capture(x, attention, ff, cross=None):
+    captured.setdefault('call', (x, attention, ff, cross))
+    return real(x, attention, ff, cross)
+
+  real = kernels.scaling_block
+  with monkeypatch.context() as patch:
+    patch.setattr(kernels, 'scaling_block', capture)
+    model.pure_fn(x, stored, state, jax.random.PRNGKey(0))
+  x0, attention, ff, cross = captured['call']
+  assert cross is not None
+  # W1ᵀ (operand 37: after x, 18 attention operands, 14 cross-attention
+  # operands, C1, C2, C2's scales and c) in int32.
+  bad_w1t = dict(ff, w1t=jnp.asarray(ff['w1t'], jnp.int32))
+  with pytest.raises(Exception, match='tf_scaling_block: operand 37 has '
+                     'the wrong type'):
+    jax.block_until_ready(kernels.scaling_block(x0, attention, bad_w1t,
+                                                cross))
+  bad_mask = dict(cross, mask=jnp.ones((1, 5), jnp.float32))
+  with pytest.raises(Exception, match="tf_scaling_block: cross-attention: "
+                     "the encoder's mask must have B L elements"):
+    jax.block_until_ready(kernels.scaling_block(x0, attention, ff, bad_mask))
+
+
 def test_scaling_transformer_step_attends_with_one_call_per_attention(
     gemv_isa, monkeypatch):
-  """A whole 'q8' decoding step of a Scaling Transformer: one
-  tf_sparse_qkv_attention call per decoder block, its LayerNorm inside, the
-  caches aliased to the step's outputs and never copied; each sparse FF
+  """A whole 'q8' decoding step of a Scaling Transformer, its blocks as
+  their parts' calls: one tf_sparse_qkv_attention call per decoder block,
+  its LayerNorm inside, the caches aliased to the step's outputs and never
+  copied; each sparse FF
   block's LayerNorm in its tf_sparse_ff call. Its greedy decode has the
   tokens of the unfused step (XLA's LayerNorms, tf_sparse_qkv and
   tf_cache_attention), the logits within float rounding."""
   gemv_isa(kernels.GEMV_ISA_NAMES[-1])
-  logits, tokens, hlo = greedy(_scaling_q8, ('ffi', 'q8'), n_tokens=6,
-                               compiled=True)
+  with monkeypatch.context() as patch:
+    _scaling_blocks_as_parts(patch)
+    logits, tokens, hlo = greedy(_scaling_q8, ('ffi', 'q8'), n_tokens=6,
+                                 compiled=True)
   calls = _calls(hlo)
   # The LayerNorm's scale and bias [d_model] are the last two operands of
   # every fused attention and of the 2 decoder blocks' sparse FF calls.
