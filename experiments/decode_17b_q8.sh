@@ -7,7 +7,7 @@
 # after a 16-token prompt, 3 repeats. The speedup column is against the first
 # model, the dense int8 one; `vs dense` against the dense model of the same
 # storage (Q8 or int8), `vs dense bound` against that model at its bytes
-# bound; the last line names each model's decode path and
+# bound on this model's bandwidth; the last line names each model's decode path and
 # the GEMV's instruction set. Then the Q8 models again with the kernels
 # forced to their AVX2 paths (TERRAFORMER_ISA=avx2 TERRAFORMER_GEMV_ISA=avx2:
 # maddubs + madd instead of vpdpbusd), what an AVX2-only host runs.
@@ -63,5 +63,5 @@ tabulate speed models_avx2 "$out/bench_avx2.json" \
   --label=terraformer_17b_kernels_q8='Terraformer 17B, Q8 (AVX2)' \
   --figure=terraformer_avx2_ms='Terraformer 17B, Q8 (AVX2):ms/token [min-max]' \
   --figure=terraformer_avx2_x_bound='Terraformer 17B, Q8 (AVX2):x bound'
-record --caption=models_avx2="The Q8 models of the table above with the kernels forced to their AVX2 paths (maddubs + madd for the Q8 GEMV, 8-wide float dot products), what an AVX2-only host runs, on this AVX-512 CPU: same run, same conditions; vs dense: against the dense Q8 model on the same paths." --caption=models="The 17B models at full depth (6 + 6 blocks) with the fused kernels: int8 weights with float activations beside the Q8 GEMV (int8 weights packed for the one-row product, int8 activations); batch 1, 4 tokens after a 16-token prompt, median of 3 repeats, quiet CPU; bound = bytes read per token / the GEMV bandwidth measured after each round of that model's repeats (GB/s: their median); speedup against the dense int8 model of the same run. Sparse rows store their sparse FF in int8 rows either way."
+record --caption=models_avx2="The Q8 models of the table above with the kernels forced to their AVX2 paths (maddubs + madd for the Q8 GEMV, 8-wide float dot products), what an AVX2-only host runs, on this AVX-512 CPU: same run, same conditions; vs dense: against the dense Q8 model on the same paths." --caption=models="The 17B models at full depth (6 + 6 blocks) with the fused kernels: int8 weights with float activations beside the Q8 GEMV (int8 weights packed for the one-row product, int8 activations); batch 1, 4 tokens after a 16-token prompt, median of 3 repeats, quiet CPU; bound = bytes read per token / the GEMV bandwidth measured after each round of that model's repeats (GB/s: their median); speedup against the dense int8 model of the same run; vs dense and vs dense bound: against the dense model of the same storage, measured and at its bound on this model's bandwidth (its bytes read at this model's GB/s). Sparse rows store their sparse FF in int8 rows either way."
 banner done "outputs in $out"

@@ -40,7 +40,7 @@ vocab 32100) and the Terraformer 800M, XLA path, batch 1, 8 tokens after a \
 16-token prompt, 3 repeats, timed interleaved in one run; bound = bytes read \
 per token / the GEMV bandwidth measured after each round of that model's \
 repeats. Speedups are over the \
-dense row, measured (speedup, vs dense) and at the dense model's bound (vs \
-dense bound); paper: Table 1 (sparse FF+QKV) and Table 8 (Terraformer, 1.92x \
+dense row, measured (speedup, vs dense) and at the dense model's bound on \
+this model's bandwidth (vs dense bound); paper: Table 1 (sparse FF+QKV) and Table 8 (Terraformer, 1.92x \
 in its caption)."
 banner done "outputs in $out"

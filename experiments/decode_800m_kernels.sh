@@ -53,5 +53,5 @@ tokens after a 16-token prompt, median of 3 repeats, quiet CPU; bound = bytes \
 read per token / the GEMV bandwidth measured after each round of that model's \
 repeats (GB/s: their median); speedup over the dense model (XLA); vs dense \
 and vs dense bound: over the dense model with the same kernels and weight \
-storage, measured and at its bound."
+storage, measured and at its bound on this model's bandwidth."
 banner done "outputs in $out"

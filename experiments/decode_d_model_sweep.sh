@@ -31,7 +31,8 @@ tabulate sweep sweep "$out/bench.json" \
 record --caption="sweep=Dense (d_ff = 4 d_model) vs sparse FF N=64 + sparse \
 QKV (modules of 64, d_ff = 6 d_model), 1 encoder + 4 decoder blocks, XLA \
 path, batch 1, 16 tokens, 3 repeats, quiet CPU; speedup: over the dense \
-model measured, vs dense bound: over the dense model at its bytes bound (its \
-bytes / the GEMV bandwidth measured in the run)."
+model measured, vs dense bound: over the dense model at its bytes bound on \
+the sparse model's bandwidth (its bytes / the GEMV bandwidth measured for the \
+sparse model)."
 
 banner done "outputs in $out"

@@ -7,7 +7,8 @@
 # `conditional` runs included. Compiled from shapes: nothing is timed, so any
 # machine will do.
 #
-# Cost: about 0.3 core-hours on the 2-core CPU (compiling only).
+# Cost: about 0.04 core-hours on the 2-core CPU (2.5 minutes); any machine
+# (compiling only).
 # Short version (dense and sparse FF+QKV only; no results file):
 #   SHORT=1 bash experiments/decode_xla_ops.sh
 # Writes OUT/xla_ops.{txt,json}, OUT/ops.json and results/decode_xla_ops.json

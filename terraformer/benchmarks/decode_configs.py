@@ -362,9 +362,12 @@ def add_dense_speedups(results):
   set, the same decode options (kernels and storage) and the same d_model
   (`model_kind`): `dense_baseline` (its name, or None where the run has
   none), `speedup_vs_dense` (its ms/token over this one's, both measured)
-  and `speedup_vs_dense_bound` (its bound, bytes read / the run's GEMV
-  bandwidth, over this one's ms/token: the speedup over a dense model
-  that decoded at memory speed). Projected results (`project`) also get
+  and `speedup_vs_dense_bound` (the dense model's bytes read at this
+  model's bandwidth, over this one's ms/token: the speedup over a dense
+  model that decoded at memory speed on the same memory, i.e. the bytes
+  ratio over this model's distance from its bound; each model's bandwidth
+  is probed in its own process, and a host's can differ between
+  processes). Projected results (`project`) also get
   `projected_speedup_vs_dense` and `projected_speedup_vs_dense_bound` from
   their projected figures. None where a figure is missing.
   """
@@ -381,8 +384,11 @@ def add_dense_speedups(results):
         continue
       result[f'{prefix}speedup_vs_dense'] = ratio(
           base.get(f'{prefix}ms_per_token'), ms)
-      result[f'{prefix}speedup_vs_dense_bound'] = ratio(
-          base.get(f'{prefix}bound_ms_per_token'), ms)
+      bytes_ratio = ratio(base.get(f'{prefix}bytes_per_token'),
+                          result.get(f'{prefix}bytes_per_token'))
+      bound = result.get(f'{prefix}bound_ms_per_token')
+      dense_bound = bytes_ratio * bound if bytes_ratio and bound else None
+      result[f'{prefix}speedup_vs_dense_bound'] = ratio(dense_bound, ms)
 
 
 def _add_speedups(result, baseline):

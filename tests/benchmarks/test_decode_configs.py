@@ -259,21 +259,26 @@ def test_dense_is_no_sparsity_keyword_and_no_terraformer():
                             {'cross_attention_sparsity': None})
 
 
-def _timed(name, dense, options, ms, bound, d_model=32, **extra):
+def _timed(name, dense, options, ms, bound, d_model=32, gbps=10.0,
+           **extra):
+  """A timed result whose bound is `bound` ms at `gbps` (bytes to match)."""
   return dict(name=name, dense=dense, decode_options=list(options),
               d_model=d_model, ms_per_token=ms, bound_ms_per_token=bound,
-              **extra)
+              bytes_per_token=bound * gbps * 1e6, **extra)
 
 
 def test_dense_speedups_pair_each_model_with_its_storages_dense_model():
   """Each model is compared with the dense model of its own decode options
-  and d_model, measured and at that model's bound; none where the run has
-  no such dense model."""
+  and d_model, measured and at that dense model's bound on this model's
+  bandwidth (its bytes / this model's, over this model's distance from its
+  own bound); none where the run has no such dense model."""
   results = [
       _timed('dense xla', True, ('xla', 'float32'), 100.0, 50.0),
       _timed('sparse xla', False, ('xla', 'float32'), 25.0, 5.0),
       _timed('dense int8', True, ('ffi', 'int8'), 40.0, 12.5),
-      _timed('sparse int8', False, ('ffi', 'int8'), 10.0, 2.0),
+      # Half the dense model's bandwidth: its bound is 2 ms for 10 MB, the
+      # dense model's 125 MB would take 25 ms on that memory.
+      _timed('sparse int8', False, ('ffi', 'int8'), 10.0, 2.0, gbps=5.0),
       _timed('sparse q8', False, ('ffi', 'q8'), 8.0, 2.0),
       _timed('wide dense int8', True, ('ffi', 'int8'), 80.0, 25.0,
              d_model=64),
@@ -286,7 +291,7 @@ def test_dense_speedups_pair_each_model_with_its_storages_dense_model():
       'dense xla': ('dense xla', 1.0, 0.5),
       'sparse xla': ('dense xla', 4.0, 2.0),
       'dense int8': ('dense int8', 1.0, 12.5 / 40.0),
-      'sparse int8': ('dense int8', 4.0, 1.25),
+      'sparse int8': ('dense int8', 4.0, 2.5),
       'sparse q8': (None, None, None),
       'wide dense int8': ('wide dense int8', 1.0, 25.0 / 80.0),
       'wide sparse int8': ('wide dense int8', 5.0, 25.0 / 16.0)}
@@ -295,10 +300,12 @@ def test_dense_speedups_pair_each_model_with_its_storages_dense_model():
   projected = [
       _timed('dense', True, ('ffi', 'int8'), 9.0, 1.0,
              projected_ms_per_token=400.0,
-             projected_bound_ms_per_token=300.0),
+             projected_bound_ms_per_token=300.0,
+             projected_bytes_per_token=3000.0),
       _timed('sparse', False, ('ffi', 'int8'), 3.0, 0.5,
              projected_ms_per_token=100.0,
-             projected_bound_ms_per_token=20.0)]
+             projected_bound_ms_per_token=20.0,
+             projected_bytes_per_token=200.0)]
   benchmark.add_dense_speedups(projected)
   assert [(r['projected_speedup_vs_dense'],
            r['projected_speedup_vs_dense_bound']) for r in projected] == [
@@ -316,7 +323,7 @@ def test_dense_speedups_pair_each_model_with_its_storages_dense_model():
   assert (header.index('sp/block') < header.index('vs dense ') <
           header.index('vs dense@bound') < header.index('vs Trax'))
   sparse_int8 = next(l for l in lines if l.startswith('sparse int8 ')).split()
-  assert sparse_int8[-3:] == ['4.00x', '1.25x', '-']
+  assert sparse_int8[-3:] == ['4.00x', '2.50x', '-']
   q8 = next(l for l in lines if l.startswith('sparse q8 ')).split()
   assert q8[-3:] == ['-', '-', '-']
   assert bench_format.DENSE_NOTE in lines
