@@ -9,13 +9,15 @@
 #            the 17B table);
 #   q8_parts: the same with terraformer_block_kernel.enabled = False, each
 #            decoder block as its parts' calls (where a block's time goes);
+#   q8_scaling: the 17B sparse FF+QKV+loss model with the Q8 GEMV at full
+#            depth (each decoder block one tf_scaling_block call);
 # each summarised from its trace: wall time per step, then the operations
 # that took the most time (kernel calls summed by their HLO line: target,
 # operand and output shapes, i.e. one kind of layer; other operations by
 # kind), self time summed over threads.
 #
-# Cost: about 0.07 core-hours on the 2-core CPU (3 minutes) and ~16 GiB of memory (the
-# full-depth Terraformer); needs a quiet machine.
+# Cost: about 0.08 core-hours on the 2-core CPU (4 minutes) and ~16 GiB of memory (the
+# full-depth models); needs a quiet machine.
 # Short version (1 block, 2 steps, no full-depth run; prints only):
 #   SHORT=1 bash experiments/decode_profile.sh
 # Writes OUT/profile*.txt and .json and the traces under OUT/trace/
@@ -45,7 +47,8 @@ into "$out/profile_q8.txt" .venv/bin/terraformer-bench --profile_dir="$out/trace
 labels=(--label=17b_sparse_ff_qkv_loss_kernels_int8='sparse FF+QKV+loss, int8'
         --label=17b_dense_kernels_int8='dense, int8'
         --label=terraformer_17b_kernels_q8='Terraformer 17B, Q8'
-        --label=17b_dense_kernels_q8='dense, Q8')
+        --label=17b_dense_kernels_q8='dense, Q8'
+        --label=17b_sparse_ff_qkv_loss_kernels_q8='sparse FF+QKV+loss, Q8')
 tabulate profile step "$out/profile.json" --k=6 "${labels[@]}" \
   --figure=sparse_int8_wall='sparse FF+QKV+loss, int8:ms' \
   --figure=dense_int8_wall='dense, int8:ms'
@@ -68,10 +71,19 @@ if [[ -z "$SHORT" ]]; then
     --json="$out/profile_q8_parts.json"
   tabulate profile q8_parts "$out/profile_q8_parts.json" --k=8 "${labels[@]}" \
     --figure=terraformer_q8_parts_wall='Terraformer 17B, Q8:ms'
+  banner "17B sparse FF+QKV+loss Q8 + kernels, full depth: profile of $tokens steps"
+  into "$out/profile_q8_scaling.txt" .venv/bin/terraformer-bench \
+    --profile_dir="$out/trace_scaling" \
+    --config_file=gin/bench/17b_sparse_ff_qkv_loss_kernels_q8.gin \
+    --tokens=$tokens --json="$out/profile_q8_scaling.json"
+  tabulate profile q8_scaling "$out/profile_q8_scaling.json" --k=8 \
+    "${labels[@]}" \
+    --figure=sparse_q8_full_wall='sparse FF+QKV+loss, Q8:ms'
 fi
 record \
   --caption=step="17B, $blocks decoder blocks, no encoder blocks, int8 weights and the fused kernels, $tokens steps traced by jax.profiler; per step: wall time (in parentheses the part with an operation running) and the operations that took the most time, kernel calls summed by their HLO line (target (operand shapes) -> output shape), others by kind; self time summed over threads; calls = operations per step; quiet machine." \
   --caption=q8="17B with the Q8 GEMV (int8 weights and activations) and the fused kernels: the Terraformer with $blocks decoder blocks and 1 encoder block (cached: the step runs the decoder), the dense model with $blocks decoder blocks; $tokens steps traced by jax.profiler; columns as above." \
   --caption=q8_full="The 17B Terraformer with the Q8 GEMV at full depth (6 decoder blocks; the model of the 17B table), $tokens steps traced by jax.profiler; columns as above." \
-  --caption=q8_parts="The same model with terraformer_block_kernel.enabled = False: each decoder block as its parts' calls (two sparse QKV attentions, the sparse FF block and the SRU's two dense layers) and XLA's sums, swaps and SRU cell; $tokens steps traced by jax.profiler, the same process kind as above, a separate run."
+  --caption=q8_parts="The same model with terraformer_block_kernel.enabled = False: each decoder block as its parts' calls (two sparse QKV attentions, the sparse FF block and the SRU's two dense layers) and XLA's sums, swaps and SRU cell; $tokens steps traced by jax.profiler, the same process kind as above, a separate run." \
+  --caption=q8_scaling="The 17B sparse FF+QKV+loss model with the Q8 GEMV at full depth (6 + 6 blocks, the encoder's outputs cached; the model of the 17B table), each decoder block one tf_scaling_block call (attention, cross-attention, sparse FF); $tokens steps traced by jax.profiler; columns as above."
 banner done "outputs in $out"

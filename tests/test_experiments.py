@@ -21,8 +21,9 @@ sys.path.insert(0, os.path.join(ROOT, 'scripts'))
 import experiment_tables  # pylint: disable=wrong-import-position
 import results  # pylint: disable=wrong-import-position
 
-# Sourced or run by the experiments; not experiments themselves.
-HELPERS = ('lib.sh', 'sparse_vs_dense_queue.sh')
+# Sourced or run by the experiments, or running them; not experiments
+# themselves.
+HELPERS = ('lib.sh', 'sparse_vs_dense_queue.sh', 'decode_all.sh')
 SCRIPTS = sorted(glob.glob(os.path.join(ROOT, 'experiments', '*.sh')))
 EXPERIMENTS = [os.path.basename(p)[:-3] for p in SCRIPTS
                if os.path.basename(p) not in HELPERS]

@@ -1559,9 +1559,9 @@ struct SparseQKVOperands {
   ffi::Buffer<ffi::F32> v_scale, v_bias;
 };
 
-// The multiplicative layer of a sparse QKV step and the convolutions' input
-// image: B rows, F positions (the F - 1 kept and the new one), S modules of
-// M features.
+// The shape of a sparse QKV step's image, its convolutions' input: B rows,
+// F positions (the F - 1 kept inputs and the new one), S modules of M
+// features.
 struct ImageShape {
   int64_t B, F, S, M;
 };
