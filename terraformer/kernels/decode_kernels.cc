@@ -1566,61 +1566,53 @@ struct ImageShape {
   int64_t B, F, S, M;
 };
 
-// "" when x [B, d], D [S, d] and its scales [S], E packed (d -> M) with its
-// scales [M] and bias [S * M] and the kept inputs [B, F - 1, S, M] agree;
-// their shape at *shape.
-std::string CheckMultiplicative(int64_t x_count,
-                                const ffi::Buffer<ffi::S8>& dg,
-                                const ffi::Buffer<ffi::F32>& dg_scale,
-                                const ffi::Buffer<ffi::S8>& e,
-                                const ffi::Buffer<ffi::F32>& e_scale,
-                                const ffi::Buffer<ffi::F32>& e_bias,
-                                const ffi::Buffer<ffi::F32>& kept,
+// "" when x [B, d] and the multiplicative layer's operands of `o` (a
+// SparseQKVOperands or SparseQOperands: D [S, d] and its scales [S], E
+// packed (d -> M) with its scales [M] and bias [S * M], the kept inputs
+// [B, F - 1, S, M]) agree; their shape at *shape.
+template <typename O>
+std::string CheckMultiplicative(int64_t x_count, const O& o,
                                 ImageShape* shape) {
-  auto gd = dg.dimensions();
-  auto kd = kept.dimensions();
+  auto gd = o.dg.dimensions();
+  auto kd = o.kept.dimensions();
   if (gd.size() != 2 || kd.size() != 4 || kd[1] < 1) {
     return "D must be [S, d] and the kept inputs [B, F - 1, S, M]";
   }
   const int64_t S = gd[0], K = gd[1], B = kd[0], M = kd[3];
   if (kd[2] != S || x_count != B * K ||
-      static_cast<int64_t>(dg_scale.element_count()) != S) {
+      static_cast<int64_t>(o.dg_scale.element_count()) != S) {
     return "x must be [B, d], D's scales [S] and the kept inputs "
            "[B, F - 1, S, M]";
   }
-  if (static_cast<int64_t>(e_scale.element_count()) != M ||
-      static_cast<int64_t>(e_bias.element_count()) != S * M) {
+  if (static_cast<int64_t>(o.e_scale.element_count()) != M ||
+      static_cast<int64_t>(o.e_bias.element_count()) != S * M) {
     return "E's scales and bias must be [M] and [S * M]";
   }
   *shape = {B, kd[1] + 1, S, M};
-  return PackedProblem("E", e.dimensions(), K, M);
+  return PackedProblem("E", o.e.dimensions(), K, M);
 }
 
-// y = Q8((x D[s]) E) + b [B, S, M] (tf_q8_matmul's product), the image
-// [B, F, S, M] of the kept inputs and y, and the kept inputs shifted by one
-// at kept_out. Returns the image (a buffer reused from call to call).
+// y = Q8((x D[s]) E) + b [B, S, M] (tf_q8_matmul's product) from `o`'s
+// multiplicative layer, the image [B, F, S, M] of its kept inputs and y,
+// and the kept inputs shifted by one at kept_out. Returns the image (a
+// buffer reused from call to call).
+template <typename O>
 const float* MultiplicativeImage(ffi::ThreadPool* pool, const float* xp,
-                                 const ImageShape& s,
-                                 const ffi::Buffer<ffi::S8>& dg,
-                                 const ffi::Buffer<ffi::F32>& dg_scale,
-                                 const ffi::Buffer<ffi::S8>& e,
-                                 const ffi::Buffer<ffi::F32>& e_scale,
-                                 const ffi::Buffer<ffi::F32>& e_bias,
-                                 const ffi::Buffer<ffi::F32>& kept,
+                                 const ImageShape& s, const O& o,
                                  float* kept_out) {
   const auto [B, F, S, M] = s;
   thread_local std::vector<float> y, image;
   y.resize(B * S * M);
   image.resize(B * F * S * M);
-  Q8Matmul(pool, xp, B, nullptr, S, dg.dimensions()[1], e.typed_data(),
-           e.dimensions()[0], e.dimensions()[1] * 4,
-           Q8Out{e_scale.typed_data(), e_bias.typed_data(), S, M, y.data()},
-           dg.typed_data(), dg_scale.typed_data());
+  Q8Matmul(pool, xp, B, nullptr, S, o.dg.dimensions()[1], o.e.typed_data(),
+           o.e.dimensions()[0], o.e.dimensions()[1] * 4,
+           Q8Out{o.e_scale.typed_data(), o.e_bias.typed_data(), S, M, y.data()},
+           o.dg.typed_data(), o.dg_scale.typed_data());
   const int64_t plane = S * M;  // One position of the image.
   for (int64_t b = 0; b < B; ++b) {
     float* to = image.data() + b * F * plane;
-    std::copy(kept.typed_data() + b * (F - 1) * plane,
-              kept.typed_data() + (b + 1) * (F - 1) * plane, to);
+    std::copy(o.kept.typed_data() + b * (F - 1) * plane,
+              o.kept.typed_data() + (b + 1) * (F - 1) * plane, to);
     std::copy(y.data() + b * plane, y.data() + (b + 1) * plane,
               to + (F - 1) * plane);
     std::copy(to + plane, to + F * plane, kept_out + b * (F - 1) * plane);
@@ -1655,9 +1647,7 @@ std::string SparseQKVStep(ffi::ThreadPool* pool, const float* xp,
   const auto& [dg, dg_scale, e, e_scale, e_bias, kept, qk, qk_scale, qk_bias,
                v, v_scale, v_bias] = o;
   ImageShape s;
-  if (std::string what = CheckMultiplicative(x_count, dg, dg_scale, e,
-                                             e_scale, e_bias, kept, &s);
-      !what.empty()) {
+  if (std::string what = CheckMultiplicative(x_count, o, &s); !what.empty()) {
     return what;
   }
   const auto [B, F, S, M] = s;
@@ -1681,8 +1671,7 @@ std::string SparseQKVStep(ffi::ThreadPool* pool, const float* xp,
       !what.empty()) {
     return what;
   }
-  const float* image = MultiplicativeImage(pool, xp, s, dg, dg_scale, e,
-                                           e_scale, e_bias, kept, kept_out);
+  const float* image = MultiplicativeImage(pool, xp, s, o, kept_out);
   thread_local std::vector<float> qk_y;
   qk_y.resize(B * S * 2 * M);
   ConvolveImage(pool, image, s, qk_width, qk, qk_scale, qk_bias, 2 * M,
@@ -2169,9 +2158,7 @@ std::string CrossAttentionStep(ffi::ThreadPool* pool, const float* x_in,
                                const EncoderOperands& c, int64_t q_width,
                                float epsilon, float* y, float* kept_out) {
   ImageShape s;
-  if (std::string what = CheckMultiplicative(x_count, o.dg, o.dg_scale, o.e,
-                                             o.e_scale, o.e_bias, o.kept, &s);
-      !what.empty()) {
+  if (std::string what = CheckMultiplicative(x_count, o, &s); !what.empty()) {
     return what;
   }
   const auto [B, F, S, M] = s;
@@ -2203,9 +2190,7 @@ std::string CrossAttentionStep(ffi::ThreadPool* pool, const float* x_in,
   thread_local std::vector<float> normed, q;
   const float* xp = NormRows(x_in, B, d, c.norm_scale, c.norm_bias, epsilon,
                              &normed);
-  const float* image = MultiplicativeImage(pool, xp, s, o.dg, o.dg_scale, o.e,
-                                           o.e_scale, o.e_bias, o.kept,
-                                           kept_out);
+  const float* image = MultiplicativeImage(pool, xp, s, o, kept_out);
   q.resize(B * S * M);
   ConvolveImage(pool, image, s, q_width, o.q, o.q_scale, o.q_bias, M,
                 q.data());
@@ -2313,6 +2298,25 @@ class ArgReader {
   size_t next_ = 0;
 };
 
+// The n float32 results of a call (RemainingRets): their data at out[i]
+// and element counts at count[i]; "" or what is wrong.
+std::string ResultBuffers(const ffi::RemainingRets& rets, size_t n,
+                          float** out, int64_t* count) {
+  if (rets.size() != n) {
+    return "expected " + std::to_string(n) + " results, got " +
+           std::to_string(rets.size());
+  }
+  for (size_t i = 0; i < n; ++i) {
+    auto r = rets.get<ffi::Buffer<ffi::F32>>(i);
+    if (!r.has_value()) {
+      return "result " + std::to_string(i) + ": " + r.error().message();
+    }
+    out[i] = (*r)->typed_data();
+    count[i] = (*r)->element_count();
+  }
+  return "";
+}
+
 // A whole Terraformer decoder block (§4.1-4.3; models/terraformer.py's
 // _DecoderBlock) of one position per row, in one call: on the reversible
 // streams (x1, x2),
@@ -2368,18 +2372,11 @@ ffi::Error TerraformerBlockImpl(ffi::ThreadPool pool, ffi::RemainingArgs args,
                         in.Next<ffi::Buffer<ffi::F32>>(),
                         in.Next<ffi::Buffer<ffi::F32>>(), in.Dense()};
   constexpr size_t kResults = 9;
-  if (rets.size() != kResults) {
-    return bad("expected 9 results, got " + std::to_string(rets.size()));
-  }
   float* out[kResults];
   int64_t out_count[kResults];
-  for (size_t i = 0; i < kResults; ++i) {
-    auto r = rets.get<ffi::Buffer<ffi::F32>>(i);
-    if (!r.has_value()) {
-      return bad("result " + std::to_string(i) + ": " + r.error().message());
-    }
-    out[i] = (*r)->typed_data();
-    out_count[i] = (*r)->element_count();
+  if (std::string what = ResultBuffers(rets, kResults, out, out_count);
+      !what.empty()) {
+    return bad(what);
   }
   const int64_t count = x1.element_count();
   const auto c1_dims = ff_ops.c1.dimensions();
@@ -2468,20 +2465,11 @@ ffi::Error ScalingBlockImpl(ffi::ThreadPool pool, ffi::RemainingArgs args,
     encoder.emplace(in.Encoder());
   }
   const SparseFFOperands ff_ops = in.SparseFF();
-  const size_t n_results = cross ? 5 : 4;
-  if (rets.size() != n_results) {
-    return bad("expected " + std::to_string(n_results) + " results, got " +
-               std::to_string(rets.size()));
-  }
   float* out[5];
   int64_t out_count[5];
-  for (size_t i = 0; i < n_results; ++i) {
-    auto r = rets.get<ffi::Buffer<ffi::F32>>(i);
-    if (!r.has_value()) {
-      return bad("result " + std::to_string(i) + ": " + r.error().message());
-    }
-    out[i] = (*r)->typed_data();
-    out_count[i] = (*r)->element_count();
+  if (std::string what = ResultBuffers(rets, cross ? 5 : 4, out, out_count);
+      !what.empty()) {
+    return bad(what);
   }
   const int64_t count = x.element_count();
   if (out_count[0] != count) return bad("y must have x's shape");
@@ -2605,25 +2593,26 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(tf_sparse_qkv_attention, SparseQKVAttentionImpl,
                                   .Attr<int64_t>("v_width")
                                   .Attr<float>("epsilon"));
 
+// The binding both whole-block handlers start with: the pool, their
+// operands and results (read by ArgReader), sparse QKV's kernel widths.
+inline auto BindBlock() {
+  return ffi::Ffi::Bind()
+      .Ctx<ffi::ThreadPool>()
+      .RemainingArgs()
+      .RemainingRets()
+      .Attr<int64_t>("qk_width")
+      .Attr<int64_t>("v_width");
+}
+
 XLA_FFI_DEFINE_HANDLER_SYMBOL(tf_terraformer_block, TerraformerBlockImpl,
-                              ffi::Ffi::Bind()
-                                  .Ctx<ffi::ThreadPool>()
-                                  .RemainingArgs()
-                                  .RemainingRets()
-                                  .Attr<int64_t>("qk_width")
-                                  .Attr<int64_t>("v_width")
+                              BindBlock()
                                   .Attr<int64_t>("block")
                                   .Attr<float>("epsilon")
                                   .Attr<float>("highway_scale")
                                   .Attr<bool>("use_tanh"));
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(tf_scaling_block, ScalingBlockImpl,
-                              ffi::Ffi::Bind()
-                                  .Ctx<ffi::ThreadPool>()
-                                  .RemainingArgs()
-                                  .RemainingRets()
-                                  .Attr<int64_t>("qk_width")
-                                  .Attr<int64_t>("v_width")
+                              BindBlock()
                                   .Attr<int64_t>("q_width")
                                   .Attr<int64_t>("block")
                                   .Attr<float>("epsilon")

@@ -13,31 +13,32 @@ def split_every_product():
   kernels.set_parallel_bytes(before)
 
 
+def _isa_setter(set_isa, names, what):
+  """A fixture's body: `use(name)` sets an instruction set through
+  `set_isa` (skips if the CPU lacks it); the best of `names` is restored
+  afterwards."""
+  assert kernels.available(), kernels.unavailable_reason()
+
+  def use(name):
+    used = set_isa(name)
+    if used != name:
+      pytest.skip(f'this CPU lacks {name} ({what} uses {used})')
+
+  yield use
+  set_isa(names[-1])
+
+
 @pytest.fixture
 def gemv_isa():
   """Sets the Q8 GEMV's instruction set (skips if the CPU lacks it);
   restores the best one afterwards."""
-  assert kernels.available(), kernels.unavailable_reason()
-
-  def use(name):
-    used = kernels.set_gemv_isa(name)
-    if used != name:
-      pytest.skip(f'this CPU lacks {name} (the Q8 GEMV uses {used})')
-
-  yield use
-  kernels.set_gemv_isa(kernels.GEMV_ISA_NAMES[-1])
+  yield from _isa_setter(kernels.set_gemv_isa, kernels.GEMV_ISA_NAMES,
+                         'the Q8 GEMV')
 
 
 @pytest.fixture
 def float_isa():
   """Sets the float kernels' instruction set (skips if the CPU lacks it);
   restores the best one afterwards."""
-  assert kernels.available(), kernels.unavailable_reason()
-
-  def use(name):
-    used = kernels.set_isa(name)
-    if used != name:
-      pytest.skip(f'this CPU lacks {name} (the float kernels use {used})')
-
-  yield use
-  kernels.set_isa(kernels.ISA_NAMES[-1])
+  yield from _isa_setter(kernels.set_isa, kernels.ISA_NAMES,
+                         'the float kernels')

@@ -253,6 +253,37 @@ def _scaling_lm_q8():
       attention_sparsity=4, loss_sparsity=4, mode='predict')
 
 
+def _same_decode_as_parts(build, logits, tokens, as_parts, monkeypatch):
+  """Checks a fused greedy decode (`logits`, `tokens` of `build`'s 'q8'
+  model) against the blocks' parts' calls (`as_parts(patch)` puts them
+  back; logits within 1e-5) and against the fully unfused step (1e-4), the
+  same tokens; returns the parts' step's kernel calls."""
+  targets = []
+  for put_back, atol in ((as_parts, 1e-5), (_unfused_attention, 1e-4)):
+    with monkeypatch.context() as patch:
+      put_back(patch)
+      other_logits, other_tokens, hlo = greedy(build, ('ffi', 'q8'),
+                                               n_tokens=6, compiled=True)
+    np.testing.assert_allclose(logits, other_logits, rtol=0, atol=atol)
+    assert tokens == other_tokens
+    targets = targets or [t for t, _ in _calls(hlo)]
+  return targets
+
+
+def _assert_same_steps(fused, parts):
+  """[(outputs, state)] of the same steps: every output and state leaf of
+  the same shape and dtype, equal to float rounding."""
+  assert len(fused) == len(parts)
+  for step, step2 in zip(fused, parts):
+    leaves, leaves2 = (jax.tree_util.tree_leaves(t) for t in (step, step2))
+    assert len(leaves) == len(leaves2)
+    for a, b in zip(leaves, leaves2):
+      assert a.shape == b.shape and a.dtype == b.dtype
+      np.testing.assert_allclose(np.asarray(a, np.float32),
+                                 np.asarray(b, np.float32),
+                                 rtol=1e-5, atol=1e-5)
+
+
 def _scaling_blocks_as_parts(monkeypatch):
   """Scaling Transformer blocks as their parts' own calls."""
   monkeypatch.setattr(kernel_layers.KernelScalingBlocks, 'forward',
@@ -284,22 +315,11 @@ def test_scaling_transformer_decoder_block_is_one_call(gemv_isa, float_isa,
   assert targets == ['tf_scaling_block'] * 2 + ['tf_q8_matmul']
   assert 'input_output_alias' in hlo.splitlines()[0]
   assert not re.findall(r'= f32\[4,64,16\]\{2,1,0\} copy\(', hlo)
-  with monkeypatch.context() as patch:
-    _scaling_blocks_as_parts(patch)
-    b_logits, b_tokens, b_hlo = greedy(build, ('ffi', 'q8'), n_tokens=6,
-                                       compiled=True)
-  b_targets = [t for t, _ in _calls(b_hlo)]
+  b_targets = _same_decode_as_parts(build, logits, tokens,
+                                    _scaling_blocks_as_parts, monkeypatch)
   assert b_targets.count('tf_sparse_qkv_attention') == 2
   assert b_targets.count('tf_sparse_ff') == 2
   assert 'tf_scaling_block' not in b_targets
-  np.testing.assert_allclose(logits, b_logits, rtol=0, atol=1e-5)
-  assert tokens == b_tokens
-  with monkeypatch.context() as patch:
-    _unfused_attention(patch)
-    u_logits, u_tokens, _ = greedy(build, ('ffi', 'q8'), n_tokens=6,
-                                   compiled=True)
-  np.testing.assert_allclose(logits, u_logits, rtol=0, atol=1e-4)
-  assert tokens == u_tokens
 
 
 def test_scaling_block_state_matches_its_parts(gemv_isa, monkeypatch):
@@ -338,38 +358,13 @@ def test_scaling_block_state_matches_its_parts(gemv_isa, monkeypatch):
   (fused, text), (parts, parts_text) = run(True, inputs), run(False, inputs)
   assert text.count('tf_scaling_block') == 2
   assert 'tf_scaling_block' not in parts_text
-  for (out, st), (out2, st2) in zip(fused, parts):
-    np.testing.assert_allclose(out, out2, rtol=1e-5, atol=1e-5)
-    leaves, leaves2 = (jax.tree_util.tree_leaves(t) for t in (st, st2))
-    assert len(leaves) == len(leaves2)
-    for a, b in zip(leaves, leaves2):
-      assert a.shape == b.shape and a.dtype == b.dtype
-      np.testing.assert_allclose(np.asarray(a, np.float32),
-                                 np.asarray(b, np.float32),
-                                 rtol=1e-5, atol=1e-5)
+  _assert_same_steps(fused, parts)
   # The mask counts: without it, the second row would attend to the
   # padding's keys too.
   unpadded, _ = run(True, inputs.at[1, 3:].set(3))
   assert not np.allclose(unpadded[-1][0][1], fused[-1][0][1], atol=1e-5)
   np.testing.assert_allclose(unpadded[-1][0][0], fused[-1][0][0],
                              rtol=1e-5, atol=1e-5)
-
-
-def test_gin_switch_keeps_a_scaling_blocks_own_calls(gemv_isa):
-  """scaling_block_kernel.enabled = False: the decoder blocks make their
-  parts' calls, with the fused step's greedy tokens."""
-  gemv_isa(kernels.GEMV_ISA_NAMES[-1])
-  _, tokens, _ = greedy(_scaling_q8, ('ffi', 'q8'), n_tokens=4,
-                        compiled=True)
-  with gin.unlock_config():
-    gin.bind_parameter('terraformer.scaling_block_kernel.enabled', False)
-  _, parts_tokens, hlo = greedy(_scaling_q8, ('ffi', 'q8'), n_tokens=4,
-                                compiled=True)
-  targets = [t for t, _ in _calls(hlo)]
-  assert 'tf_scaling_block' not in targets
-  assert targets.count('tf_sparse_qkv_attention') == 2
-  assert targets.count('tf_sparse_ff') == 2
-  assert parts_tokens == tokens
 
 
 def test_scaling_block_rejects_mismatched_operands(gemv_isa, monkeypatch):
@@ -475,38 +470,34 @@ def test_terraformer_decoder_block_is_one_call(gemv_isa, monkeypatch, name,
   assert len(targets) == 3
   assert 'input_output_alias' in hlo.splitlines()[0]
   assert not re.findall(r'= f32\[4,64,16\]\{2,1,0\} copy\(', hlo)
-  with monkeypatch.context() as patch:
-    patch.setattr(kernel_layers.KernelReversibleSerial, 'forward',
-                  trax_combinators.Serial.forward)
-    b_logits, b_tokens, b_hlo = greedy(build, ('ffi', 'q8'), n_tokens=6,
-                                       compiled=True)
-  b_targets = [t for t, _ in _calls(b_hlo)]
+  b_targets = _same_decode_as_parts(
+      build, logits, tokens,
+      lambda patch: patch.setattr(kernel_layers.KernelReversibleSerial,
+                                  'forward', trax_combinators.Serial.forward),
+      monkeypatch)
   assert b_targets.count('tf_sparse_qkv_attention') == 4
   assert 'tf_terraformer_block' not in b_targets
-  np.testing.assert_allclose(logits, b_logits, rtol=0, atol=1e-5)
-  assert tokens == b_tokens
-  with monkeypatch.context() as patch:
-    _unfused_attention(patch)
-    u_logits, u_tokens, _ = greedy(build, ('ffi', 'q8'), n_tokens=6,
-                                   compiled=True)
-  np.testing.assert_allclose(logits, u_logits, rtol=0, atol=1e-4)
-  assert tokens == u_tokens
 
 
-def test_gin_switch_keeps_a_terraformer_blocks_own_calls(gemv_isa):
-  """terraformer_block_kernel.enabled = False: the decoder blocks make their
-  parts' calls (two tf_sparse_qkv_attention, tf_sparse_ff and the SRU's
-  two tf_q8_matmul each), with the fused step's greedy tokens."""
+@pytest.mark.parametrize('build,switch,block,attentions', [
+    (_terraformer_q8, 'terraformer_block_kernel', 'tf_terraformer_block', 4),
+    (_scaling_q8, 'scaling_block_kernel', 'tf_scaling_block', 2)],
+                         ids=['terraformer', 'scaling_transformer'])
+def test_gin_switch_keeps_a_blocks_own_calls(gemv_isa, build, switch, block,
+                                             attentions):
+  """`switch`.enabled = False: the 2 decoder blocks make their parts' calls
+  (tf_sparse_qkv_attention per attention, tf_sparse_ff, ...), with the
+  fused step's greedy tokens."""
   gemv_isa(kernels.GEMV_ISA_NAMES[-1])
-  _, tokens, _ = greedy(_terraformer_q8, ('ffi', 'q8'), n_tokens=4,
-                        compiled=True)
+  _, tokens, hlo = greedy(build, ('ffi', 'q8'), n_tokens=4, compiled=True)
+  assert [t for t, _ in _calls(hlo)].count(block) == 2
   with gin.unlock_config():
-    gin.bind_parameter('terraformer.terraformer_block_kernel.enabled', False)
-  _, parts_tokens, hlo = greedy(_terraformer_q8, ('ffi', 'q8'), n_tokens=4,
+    gin.bind_parameter(f'terraformer.{switch}.enabled', False)
+  _, parts_tokens, hlo = greedy(build, ('ffi', 'q8'), n_tokens=4,
                                 compiled=True)
   targets = [t for t, _ in _calls(hlo)]
-  assert 'tf_terraformer_block' not in targets
-  assert targets.count('tf_sparse_qkv_attention') == 4
+  assert block not in targets
+  assert targets.count('tf_sparse_qkv_attention') == attentions
   assert targets.count('tf_sparse_ff') == 2
   assert parts_tokens == tokens
 
@@ -554,16 +545,7 @@ def test_terraformer_block_state_matches_its_parts(gemv_isa, monkeypatch,
   (fused, text), (parts, parts_text) = run(True), run(False)
   assert text.count('tf_terraformer_block') == 2
   assert 'tf_terraformer_block' not in parts_text
-  for (out, st), (out2, st2) in zip(fused, parts):
-    for a, b in zip(out, out2):
-      np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
-    leaves, leaves2 = (jax.tree_util.tree_leaves(t) for t in (st, st2))
-    assert len(leaves) == len(leaves2)
-    for a, b in zip(leaves, leaves2):
-      assert a.shape == b.shape and a.dtype == b.dtype
-      np.testing.assert_allclose(np.asarray(a, np.float32),
-                                 np.asarray(b, np.float32),
-                                 rtol=1e-5, atol=1e-5)
+  _assert_same_steps(fused, parts)
 
 
 def test_terraformer_block_rejects_mismatched_operands(gemv_isa):
