@@ -20,7 +20,7 @@
 # full-depth models); needs a quiet machine.
 # Short version (1 block, 2 steps, no full-depth run; prints only):
 #   SHORT=1 bash experiments/decode_profile.sh
-# Writes OUT/profile*.txt and .json and the traces under OUT/trace/
+# Writes OUT/profile*.txt and .json and the traces under OUT/trace*/
 # (TensorBoard's profile plugin or XProf open them). Rerunning reuses them.
 #   bash experiments/decode_profile.sh [OUT]  (OUT: runs/experiments/decode_profile)
 NAME=decode_profile
@@ -55,30 +55,29 @@ tabulate profile step "$out/profile.json" --k=6 "${labels[@]}" \
 tabulate profile q8 "$out/profile_q8.json" --k=8 "${labels[@]}" \
   --figure=terraformer_q8_wall='Terraformer 17B, Q8:ms' \
   --figure=dense_q8_wall='dense, Q8:ms'
+# full_depth TABLE CONFIG FIGURE [ARGS...]: the profile of $tokens steps of
+# gin/bench/CONFIG.gin at full depth (terraformer-bench ARGS too) ->
+# OUT/profile_TABLE.{txt,json}, traces under OUT/trace_TABLE, table TABLE.
+full_depth() {
+  local table=$1 config=$2 figure=$3
+  shift 3
+  into "$out/profile_$table.txt" .venv/bin/terraformer-bench \
+    --profile_dir="$out/trace_$table" --config_file="gin/bench/$config.gin" \
+    --tokens=$tokens --json="$out/profile_$table.json" "$@"
+  tabulate profile "$table" "$out/profile_$table.json" --k=8 "${labels[@]}" \
+    --figure="$figure"
+}
 if [[ -z "$SHORT" ]]; then
   banner "17B Terraformer Q8 + kernels, full depth: profile of $tokens steps"
-  into "$out/profile_q8_full.txt" .venv/bin/terraformer-bench \
-    --profile_dir="$out/trace_full" \
-    --config_file=gin/bench/terraformer_17b_kernels_q8.gin --tokens=$tokens \
-    --json="$out/profile_q8_full.json"
-  tabulate profile q8_full "$out/profile_q8_full.json" --k=8 "${labels[@]}" \
-    --figure=terraformer_q8_full_wall='Terraformer 17B, Q8:ms'
+  full_depth q8_full terraformer_17b_kernels_q8 \
+    terraformer_q8_full_wall='Terraformer 17B, Q8:ms'
   banner "the same, each decoder block as its parts' calls"
-  into "$out/profile_q8_parts.txt" .venv/bin/terraformer-bench \
-    --profile_dir="$out/trace_parts" \
-    --config_file=gin/bench/terraformer_17b_kernels_q8.gin --tokens=$tokens \
-    --config=terraformer_block_kernel.enabled=False \
-    --json="$out/profile_q8_parts.json"
-  tabulate profile q8_parts "$out/profile_q8_parts.json" --k=8 "${labels[@]}" \
-    --figure=terraformer_q8_parts_wall='Terraformer 17B, Q8:ms'
+  full_depth q8_parts terraformer_17b_kernels_q8 \
+    terraformer_q8_parts_wall='Terraformer 17B, Q8:ms' \
+    --config=terraformer_block_kernel.enabled=False
   banner "17B sparse FF+QKV+loss Q8 + kernels, full depth: profile of $tokens steps"
-  into "$out/profile_q8_scaling.txt" .venv/bin/terraformer-bench \
-    --profile_dir="$out/trace_scaling" \
-    --config_file=gin/bench/17b_sparse_ff_qkv_loss_kernels_q8.gin \
-    --tokens=$tokens --json="$out/profile_q8_scaling.json"
-  tabulate profile q8_scaling "$out/profile_q8_scaling.json" --k=8 \
-    "${labels[@]}" \
-    --figure=sparse_q8_full_wall='sparse FF+QKV+loss, Q8:ms'
+  full_depth q8_scaling 17b_sparse_ff_qkv_loss_kernels_q8 \
+    sparse_q8_full_wall='sparse FF+QKV+loss, Q8:ms'
 fi
 record \
   --caption=step="17B, $blocks decoder blocks, no encoder blocks, int8 weights and the fused kernels, $tokens steps traced by jax.profiler; per step: wall time (in parentheses the part with an operation running) and the operations that took the most time, kernel calls summed by their HLO line (target (operand shapes) -> output shape), others by kind; self time summed over threads; calls = operations per step; quiet machine." \

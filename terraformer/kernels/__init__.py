@@ -299,10 +299,19 @@ def _sparse_qkv_operands(x, d, d_scale, e, e_scale, e_bias, kept, qk,
                          qk_scale, qk_bias, v, v_scale, v_bias):
   """Sparse QKV's 13 operands as its kernels take them (int8 matrices,
   float32 others)."""
-  return (_f32(x), jnp.asarray(d, jnp.int8), _f32(d_scale),
-          jnp.asarray(e, jnp.int8), _f32(e_scale), _f32(e_bias), _f32(kept),
-          jnp.asarray(qk, jnp.int8), _f32(qk_scale), _f32(qk_bias),
-          jnp.asarray(v, jnp.int8), _f32(v_scale), _f32(v_bias))
+  return ((_f32(x),)
+          + _sparse_q_operands(d, d_scale, e, e_scale, e_bias, kept, qk,
+                               qk_scale, qk_bias)
+          + (jnp.asarray(v, jnp.int8), _f32(v_scale), _f32(v_bias)))
+
+
+def _sparse_q_operands(d, d_scale, e, e_scale, e_bias, kept, q, q_scale,
+                       q_bias):
+  """The multiplicative layer's and one convolution's 9 operands (sparse
+  QKV's first, or a cross-attention's queries) as the kernels take them."""
+  return (jnp.asarray(d, jnp.int8), _f32(d_scale), jnp.asarray(e, jnp.int8),
+          _f32(e_scale), _f32(e_bias), _f32(kept), jnp.asarray(q, jnp.int8),
+          _f32(q_scale), _f32(q_bias))
 
 
 def sparse_qkv_attention(x, d, d_scale, e, e_scale, e_bias, kept, qk, qk_scale,
@@ -431,12 +440,9 @@ def scaling_block(x, attention, ff, cross=None):
     q_width = int(c.pop('q_width'))
     scale, bias, eps = c.pop('norm')
     epsilons.append(np.float32(eps))
-    operands += [jnp.asarray(c['d'], jnp.int8), _f32(c['d_scale']),
-                 jnp.asarray(c['e'], jnp.int8), _f32(c['e_scale']),
-                 _f32(c['e_bias']), _f32(c['kept']),
-                 jnp.asarray(c['q'], jnp.int8), _f32(c['q_scale']),
-                 _f32(c['q_bias']), _f32(c['keys_t']), _f32(c['values']),
-                 _f32(c['mask']), _f32(scale), _f32(bias)]
+    keys_t, values, mask = c.pop('keys_t'), c.pop('values'), c.pop('mask')
+    operands += [*_sparse_q_operands(**c), _f32(keys_t), _f32(values),
+                 _f32(mask), _f32(scale), _f32(bias)]
   ff = dict(ff)
   block = int(ff.pop('block'))
   ff_operands, epsilon = _sparse_ff_operands(**ff)

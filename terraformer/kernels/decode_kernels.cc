@@ -1865,7 +1865,9 @@ void AttendCache(ffi::ThreadPool* pool, const float* qp, const float* kp,
   // Rows split over the pool when their filled keys and values are large.
   bool parallel = N * filled * D * 2 * 4 >= g_parallel_bytes.load();
   ParallelFor(parallel ? pool : nullptr, N, [=](int64_t n) {
-    std::vector<float> dots(filled + 16);
+    // Each thread's buffer, reused from row to row and call to call.
+    thread_local std::vector<float> dots;
+    dots.resize(filled + 16);
     const float* kn = kp + n * M * D;
     const float* vn = vp + n * M * D;
     for (int64_t t = 0; t < T; ++t) {
@@ -1901,7 +1903,8 @@ void AttendKeysT(ffi::ThreadPool* pool, const float* qp, const float* ktp,
   const Isa isa = CurrentIsa();
   bool parallel = N * L * D * 2 * 4 >= g_parallel_bytes.load();
   ParallelFor(parallel ? pool : nullptr, N, [=](int64_t n) {
-    std::vector<float> dots(L + 16, 0.f);
+    thread_local std::vector<float> dots;  // As AttendCache's.
+    dots.assign(L + 16, 0.f);
     const float* qn = qp + n * D;
     const float* kn = ktp + n * D * L;
     for (int64_t i = 0; i < D; ++i) Axpy(isa, qn[i], kn + i * L, dots.data(), L);

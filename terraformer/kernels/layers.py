@@ -965,12 +965,11 @@ class KernelScalingBlocks(_KernelMixin, trax_combinators.Serial):
   as the Serial runs them.
   """
 
-  def _block_arguments(self, stack, weights, state, i, size):
+  def _block_arguments(self, items, weights, state, i, size):
     """`kernels.scaling_block`'s arguments (attention, ff, cross) for the
-    block of `size` layers at sublayer i on `stack`, and the function of
-    its results after y that gives the new states of those sublayers; None
-    where it cannot run."""
-    items = stack if isinstance(stack, (tuple, list)) else (stack,)
+    block of `size` layers at sublayer i on the stack's `items`, and the
+    function of its results after y that gives the new states of those
+    sublayers; None where it cannot run."""
     x = items[0]
     layers = self.sublayers[i:i + size]
     branches = [_residual_branch(layer) for layer in layers]
@@ -1038,10 +1037,10 @@ class KernelScalingBlocks(_KernelMixin, trax_combinators.Serial):
     stack, new_state, i = xs, list(state), 0
     while i < len(subs):
       size = starts.get(i)
-      block = size and self._block_arguments(stack, weights, state, i, size)
+      items = stack if isinstance(stack, (tuple, list)) else (stack,)
+      block = size and self._block_arguments(items, weights, state, i, size)
       if block:
         attention, ff, cross, new_states = block
-        items = stack if isinstance(stack, (tuple, list)) else (stack,)
         y, caches, cross_kept = kernels.scaling_block(items[0], attention, ff,
                                                       cross)
         y = y.astype(items[0].dtype)
