@@ -55,6 +55,18 @@ root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 bash "$root/scripts/env.sh"
 cd "$root"
 SHORT="${SHORT:-}"
+# The run's provenance, taken when it starts (`record` writes it into the
+# results file): the commit its code is, "+dirty" with uncommitted changes to
+# tracked files, the command and the start time.
+if [[ -z "${TERRAFORMER_RUN_COMMIT:-}" ]]; then
+  TERRAFORMER_RUN_COMMIT="$(git rev-parse HEAD 2>/dev/null || echo unknown)"
+  if [[ -n "$(git status --porcelain --untracked-files=no 2>/dev/null)" ]]; then
+    TERRAFORMER_RUN_COMMIT+="+dirty"
+  fi
+  TERRAFORMER_RUN_COMMAND="${SHORT:+SHORT=1 }bash experiments/$NAME.sh${1:+ $1}"
+  TERRAFORMER_RUN_STARTED="$(date +%s)"
+  export TERRAFORMER_RUN_COMMIT TERRAFORMER_RUN_COMMAND TERRAFORMER_RUN_STARTED
+fi
 out="${1:-runs/experiments/$NAME${SHORT:+_short}}"
 mkdir -p "$out"
 tabulated=()
