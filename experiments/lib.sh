@@ -63,7 +63,7 @@ if [[ -z "${TERRAFORMER_RUN_COMMIT:-}" ]]; then
   if [[ -n "$(git status --porcelain --untracked-files=no 2>/dev/null)" ]]; then
     TERRAFORMER_RUN_COMMIT+="+dirty"
   fi
-  TERRAFORMER_RUN_COMMAND="${SHORT:+SHORT=1 }bash experiments/$NAME.sh${1:+ $1}"
+  TERRAFORMER_RUN_COMMAND="${SHORT:+SHORT=1 }bash experiments/$NAME.sh"
   TERRAFORMER_RUN_STARTED="$(date +%s)"
   export TERRAFORMER_RUN_COMMIT TERRAFORMER_RUN_COMMAND TERRAFORMER_RUN_STARTED
 fi
