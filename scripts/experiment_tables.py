@@ -639,6 +639,44 @@ def recall(pairs, opts):
 
 
 # ---------------------------------------------------------------------------
+# pytest --junitxml (with -o junit_logging=system-out)
+
+
+def pytest_cases(xml_text, _):
+  """A row per test file: its tests passed of run, those failed or in error,
+  and the lines its tests printed (the measured deltas)."""
+  import xml.etree.ElementTree as ET  # pylint: disable=import-outside-toplevel
+  try:
+    root = ET.fromstring(xml_text)
+  except ET.ParseError as e:
+    raise TableError(f'not a JUnit XML file ({e})') from None
+  files = collections.OrderedDict()
+  for case in root.iter('testcase'):
+    module = case.get('classname', '').split('.')
+    name = '/'.join(m for m in module if m) + '.py'
+    entry = files.setdefault(name, {'run': 0, 'passed': 0, 'failed': [],
+                                    'printed': []})
+    if case.find('skipped') is not None:
+      continue
+    entry['run'] += 1
+    if case.find('failure') is not None or case.find('error') is not None:
+      entry['failed'].append(case.get('name'))
+    else:
+      entry['passed'] += 1
+    out = case.find('system-out')
+    if out is not None and out.text:
+      entry['printed'] += [line.strip() for line in out.text.splitlines()
+                           if line.strip()]
+  if not files:
+    raise TableError('no test cases')
+  columns = ['tests', 'passed', 'failed', 'printed (measured)']
+  rows = [[name, f'{e["passed"]} of {e["run"]}',
+           ', '.join(e['failed']) or '0', '; '.join(e['printed']) or MISSING]
+          for name, e in files.items()]
+  return columns, rows
+
+
+# ---------------------------------------------------------------------------
 # Inputs.
 
 
@@ -721,6 +759,7 @@ MODES = {
                 '(RUN_DIR/ood_result.json; several: the seeds of one row)'),
     'lengths': Mode(lengths, 'jsons', 'terraformer-memory-bench '
                     '--input_lens=... --json (several: merged)'),
+    'pytest': Mode(pytest_cases, 'text', 'pytest --junitxml=F -o junit_logging=system-out -s: a row per test file'),
     'depth': Mode(depth, 'json',
                   'terraformer-memory-bench --layers=... --json'),
     'topk': Mode(topk, 'json', 'terraformer-topk-bench --json (with --k)'),

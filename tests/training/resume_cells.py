@@ -107,6 +107,9 @@ def assert_same_state(resumed, straight):
   worst = max((float(np.max(np.abs(np.asarray(a[k], np.float64) -
                                    np.asarray(b[k], np.float64))))
                for k in differ if k != 'rng'), default=0.0)
+  # The experiment reliability_resume records this line.
+  print(f'{len(differ)} of {len(a)} arrays differ (max |difference| '
+        f'{worst:.3g})')
   assert not differ, (f'{len(differ)} of {len(a)} arrays differ (max '
                       f'{worst:.3g}): {differ[:5]}')
   # Every train loss and eval metric, of steps 1, 3 and 6 (the next eval).
