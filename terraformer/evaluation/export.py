@@ -9,7 +9,8 @@ as summary-v1 `simple_value`s (Trax) or as summary-v2 scalar tensors
 resume) keeps its last value.
 
 Outputs in `out_dir`: `scalars.csv` (one row per run, metric and step),
-`scalars.json` (the same, nested by run and metric) and one PNG per metric
+`scalars.json` (the same, nested by run and metric; each run's folder as
+`portable_logdir` names it) and one PNG per metric
 with every run on the same axes (like the paper's Figures 1, 3 and 5).
 """
 import csv
@@ -118,6 +119,17 @@ def read_export(out_dir):
   if not runs:
     raise TerraformerError(f'{path} holds no runs')
   return runs
+
+
+def portable_logdir(logdir):
+  """How `scalars.json` names a run's folder: its path relative to the
+  current directory when it lies under it, else its base name, so that a
+  committed export holds no one machine's absolute paths."""
+  path = os.path.normpath(os.path.abspath(os.path.expanduser(logdir)))
+  relative = os.path.relpath(path, os.getcwd())
+  if relative == os.curdir or relative.split(os.sep)[0] == os.pardir:
+    return os.path.basename(path)
+  return relative.replace(os.sep, '/')
 
 
 def default_labels(logdirs):
@@ -276,7 +288,7 @@ def export(logdirs, out_dir, labels=None, metrics=None, table=None,
   json_path = os.path.join(out_dir, 'scalars.json')
   with open(json_path, 'w') as f:
     json.dump({'runs': [
-        {'label': run['label'], 'logdir': run['logdir'],
+        {'label': run['label'], 'logdir': portable_logdir(run['logdir']),
          'metrics': {m: [{'step': s, 'value': v, 'wall_time': t}
                          for s, v, t in points]
                      for m, points in run['metrics'].items()}}

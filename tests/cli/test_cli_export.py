@@ -125,8 +125,8 @@ def test_from_export_extends_an_earlier_export(logdirs, tmp_path, capsys):
       f'--out={tmp_path / "o"}', '--table=eval/metrics/log_perplexity',
       '--table_steps=1,200')
   assert code == 0, err
-  assert out.splitlines()[:3] == [
-      f'Dense: 2 metrics from {logdirs[0]}',
+  assert out.splitlines()[:3] == [  # The earlier run's folder as written.
+      f'Dense: 2 metrics from {export.portable_logdir(logdirs[0])}',
       f'Sparse FF: 1 metrics from {logdirs[1]}',
       f'Dense again: 2 metrics from {logdirs[0]}']
   assert (tmp_path / 'o' / 'table.md').read_text() == (

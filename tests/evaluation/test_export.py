@@ -70,7 +70,9 @@ def test_read_scalars_of_both_summary_versions(runs):
       assert all(t > 1e9 for _, _, t in points)  # Wall times, in seconds.
 
 
-def test_export_writes_csv_json_and_one_png_per_metric(runs, tmp_path):
+def test_export_writes_csv_json_and_one_png_per_metric(runs, tmp_path,
+                                                      monkeypatch):
+  monkeypatch.chdir(tmp_path)
   out = tmp_path / 'out'
   result = export.export(runs, str(out), labels=['Dense', 'Sparse FF'])
   expected = {'Dense': expected_metrics(V2_RUN),
@@ -88,7 +90,7 @@ def test_export_writes_csv_json_and_one_png_per_metric(runs, tmp_path):
   with open(out / 'scalars.json') as f:
     data = json.load(f)
   assert [r['label'] for r in data['runs']] == ['Dense', 'Sparse FF']
-  assert [r['logdir'] for r in data['runs']] == list(runs)
+  assert [r['logdir'] for r in data['runs']] == ['dense', 'sparse']
   from_json = {r['label']: {m: [(p['step'], p['value']) for p in points]
                             for m, points in r['metrics'].items()}
                for r in data['runs']}
@@ -116,6 +118,26 @@ def test_metric_filter_and_default_labels(runs, tmp_path):
   assert sorted(os.listdir(out)) == ['eval_metrics_log_perplexity.png',
                                      'scalars.csv', 'scalars.json']
   assert export.default_labels(['/a/x/run', '/b/y/run']) == ['x/run', 'y/run']
+
+
+def test_scalars_json_names_run_folders_without_absolute_paths(
+    runs, tmp_path, monkeypatch):
+  """A run folder under the current directory is written relative to it;
+  one elsewhere by its base name: no one machine's paths in an export."""
+  monkeypatch.chdir(tmp_path)
+  assert export.portable_logdir(os.path.join(str(tmp_path), 'runs', 'x')) == (
+      'runs/x')
+  assert export.portable_logdir('runs/x/') == 'runs/x'
+  assert export.portable_logdir('/elsewhere/runs/s1/full_s0') == 'full_s0'
+  assert export.portable_logdir(str(tmp_path)) == tmp_path.name
+  monkeypatch.chdir(tmp_path.parent)
+  out = tmp_path / 'out'
+  result = export.export(runs, str(out))
+  with open(out / 'scalars.json') as f:
+    data = json.load(f)
+  assert [r['logdir'] for r in data['runs']] == [
+      f'{tmp_path.name}/dense', f'{tmp_path.name}/sparse']
+  assert [r['logdir'] for r in result['runs']] == list(runs)  # As given.
 
 
 def test_a_repeated_step_keeps_its_last_value(tmp_path):
