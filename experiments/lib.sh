@@ -142,7 +142,7 @@ tabulate() {
     --figures="$out/$id.figures" "$@"
   tabulated+=(--table="$id=$out/$id.json")
   while IFS= read -r line; do
-    tabulated+=(--figure="$line")
+    tabulated+=(--figure="$id:$line")
   done < "$out/$id.figures"
 }
 

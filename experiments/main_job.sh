@@ -61,7 +61,7 @@ if [[ -n "$from_scratch" ]]; then
   [[ -n "$fresh_env" ]] && rows="[\"set-up (the environment)\", \"$setup_s s\"], $rows"
   rows="$rows, [\"training: last eval log-perplexity\", \"$(last_ppl 2/4)\"]"
   printf '{"columns": ["measure", "this run"], "rows": [%s]}\n' "$rows" > "$out/run.json"
-  run=(--table=run="$out/run.json" --figure=job_time="$(minutes "$job_s")")
+  run=(--table=run="$out/run.json" --figure=run:job_time="$(minutes "$job_s")")
 fi
 record "${run[@]}"
 banner done "outputs in $out"

@@ -642,6 +642,9 @@ def recall(pairs, opts):
 # pytest --junitxml (with -o junit_logging=system-out)
 
 
+CAPTURE_BANNER = re.compile(r'\s*-+ Captured .* -+\s*$')
+
+
 def pytest_cases(xml_text, _):
   """A row per test file: its tests passed of run, those failed or in error,
   and the lines its tests printed (the measured deltas)."""
@@ -666,7 +669,7 @@ def pytest_cases(xml_text, _):
     out = case.find('system-out')
     if out is not None and out.text:
       entry['printed'] += [line.strip() for line in out.text.splitlines()
-                           if line.strip()]
+                           if line.strip() and not CAPTURE_BANNER.match(line)]
   if not files:
     raise TableError('no test cases')
   columns = ['tests', 'passed', 'failed', 'printed (measured)']

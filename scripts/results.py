@@ -28,10 +28,28 @@ stderr and exit status 2.
 results/<name>.json:
   {"experiment", "command", "short_command", "cost",
    "measured": {"date", "machine", "isa"},
-   "tables": {ID: {"caption", "columns", "rows"[, "measured", "command", "cost"]}},
+   "provenance": PROVENANCE,
+   "tables": {ID: {"caption", "columns", "rows", "figures": [figure IDs]
+                   [, "measured", "provenance", "command", "cost",
+                      "history"]}},
    "figures": {ID: "2.85x"}}
-A table's own "measured" / "command" / "cost" override the file's (a table
-transcribed from an earlier run keeps its own date).
+A table's own "measured" / "provenance" / "command" / "cost" override the
+file's (a table kept from an earlier run keeps its own). Each figure belongs
+to the one table that lists it (a rerun of that table replaces its figures).
+PROVENANCE says where a table's numbers come from:
+  {"kind": "recorded", "commit", "command", "started", "wall_s"}
+      written by its script's run (`record`; experiments/lib.sh passes the
+      commit the run started at, "+dirty" with uncommitted changes, the
+      command and the start time); files recorded before provenance was kept
+      name the commit that committed them ("committed_in") instead;
+  {"kind": "transcribed", "from"}
+      typed in from an earlier run's output: not written by its script.
+A table with "history": {"figures": [IDs], "summaries": {ID: figure ID}}
+is the file's runs: `record` appends a row (date, commit, machine, ISA, the
+figures) at every run and sets each summary figure to the median [min-max]
+over the runs on this run's ISA (what the README shows of a speed).
+`--check` also fails on a table without provenance, a figure no table lists
+and a README row whose figure comes from a transcribed table.
 
 results/readme.json: a list of rows
   {"result": ..., "ours": "<name>/<figure_id>", "paper": ..., "page": "docs/x.md#anchor"}
@@ -42,7 +60,9 @@ import glob
 import json
 import os
 import re
+import subprocess
 import sys
+import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PROG = 'results.py'
@@ -119,19 +139,53 @@ def markdown_table(columns, rows):
   return '\n'.join(lines)
 
 
+def provenance_of(data, table):
+  """The table's provenance: its own, else its file's (None without)."""
+  return table.get('provenance') or data.get('provenance')
+
+
 def _measured_line(data, table):
+  """The line under a table: where its numbers come from, when, on what."""
   measured = table.get('measured') or data.get('measured') or {}
   command = table.get('command') or data.get('command')
   cost = table.get('cost') or data.get('cost')
+  provenance = provenance_of(data, table) or {}
+  if table.get('history'):
+    return (f'Recorded by `{command}`, a row per run: its date, commit (the '
+            'commit that committed the file, for runs recorded before '
+            'provenance was kept), machine and ISA; the summary figures are '
+            'the median [min-max] over the runs on one ISA.')
   isa = measured.get('isa') or 'unknown'
-  parts = ['Measured']
-  if measured.get('date'):
-    parts.append(measured['date'])
-  if measured.get('machine'):
-    parts.append(f'on a {measured["machine"]}')
-  parts.append(f'({isa})' if isa != 'unknown' else '(ISA unknown)')
-  if command:
-    parts.append(f'by `{command}`')
+  isa = f'({isa})' if isa != 'unknown' else '(ISA unknown)'
+  date, machine = measured.get('date'), measured.get('machine')
+  kind = provenance.get('kind')
+  if kind == 'recorded':
+    parts = ['Recorded'] + ([f'by `{command}`'] if command else [])
+    commit = provenance.get('commit')
+    if commit and commit != 'unknown':
+      dirty = '+dirty' if commit.endswith('+dirty') else ''
+      parts.append(f'at commit {commit[:7]}{dirty}')
+    where = ([f'on {date}'] if date else []) + (
+        [f'a {machine} {isa}'] if machine else [isa])
+    parts.append(', '.join(where))
+    wall = provenance.get('wall_s')
+    if wall is not None:
+      parts[-1] += ','
+      parts.append(f'in {wall / 60:.0f} min' if wall >= 60 else
+                   f'in {wall:.0f} s')
+    if provenance.get('committed_in'):
+      parts[-1] += ';'
+      parts.append(f'committed in {provenance["committed_in"][:7]}')
+  else:
+    parts = ['Measured'] + ([date] if date else []) + (
+        [f'on a {machine}'] if machine else []) + [isa]
+    if kind == 'transcribed':
+      parts = [f'Transcribed from {provenance.get("from", "an earlier run")}'
+               ', not written by its script' +
+               (f' `{command}`' if command else '') + ':', 'measured'] + \
+          parts[1:]
+    elif command:
+      parts.append(f'by `{command}`')
   extra = [cost] if cost else []
   if data.get('short_command'):
     extra.append(f'short version: `{data["short_command"]}`')
@@ -254,11 +308,22 @@ def render(root, check=False, out=None, only=None):
       with open(path, 'w', encoding='utf-8') as f:
         f.write(new)
   if check:
+    readme = os.path.join(_results_dir(root), 'readme.json')
+    rows = _load_json(readme) if os.path.exists(readme) else []
+    problems = provenance_problems(results, rows if isinstance(rows, list)
+                                   else [])
+    if problems:
+      print('results files without provenance or with stray figures:',
+            file=out)
+      for line in problems:
+        print(f'  {line}', file=out)
     if stale:
       print('blocks that differ from results/*.json (run '
             '`.venv/bin/python scripts/results.py`):', file=out)
       for line in stale:
         print(f'  {line}', file=out)
+      return 1
+    if problems:
       return 1
     print(f'{count} blocks match results/*.json', file=out)
   else:
@@ -386,9 +451,59 @@ def header_cost(root, name):
   return found.group(1) if found else 'unknown'
 
 
+def _git_commit(root):
+  """HEAD's hash, "+dirty" with uncommitted changes to tracked files."""
+  def git(*args):
+    return subprocess.run(['git', '-C', root, *args], capture_output=True,
+                          text=True, check=True).stdout.strip()
+  try:
+    commit = git('rev-parse', 'HEAD')
+    dirty = git('status', '--porcelain', '--untracked-files=no')
+  except (OSError, subprocess.CalledProcessError):
+    return 'unknown'
+  return commit + ('+dirty' if dirty else '')
+
+
+def run_provenance(root, env=None, now=None):
+  """The provenance of the run recording now: the commit, command and start
+  time experiments/lib.sh exported when the run started (without them, as
+  when `record` is called by hand: HEAD now, no wall time)."""
+  env = os.environ if env is None else env
+  provenance = {'kind': 'recorded',
+                'commit': env.get('TERRAFORMER_RUN_COMMIT') or
+                          _git_commit(root),
+                'command': env.get('TERRAFORMER_RUN_COMMAND')}
+  started = env.get('TERRAFORMER_RUN_STARTED')
+  if started:
+    started = int(started)
+    provenance['started'] = datetime.datetime.fromtimestamp(
+        started, datetime.timezone.utc).strftime('%Y-%m-%dT%H:%M:%SZ')
+    provenance['wall_s'] = round((now or time.time()) - started)
+  return provenance
+
+
+def _figures_by_table(figures, tables):
+  """{table_id: {figure_id: value}} of `--figure` keys `TABLE:ID` (or `ID`,
+  the one table recorded)."""
+  by_table = {table_id: {} for table_id in tables}
+  for key, value in (figures or {}).items():
+    table_id, sep, figure_id = key.rpartition(':')
+    if not sep:
+      if len(tables) != 1:
+        raise ResultsError(
+            f'--figure {key}=...: name its table (TABLE:{key}=...) when '
+            'several tables are recorded')
+      table_id = next(iter(tables))
+    if table_id not in by_table:
+      raise ResultsError(f'--figure {key}=...: table {table_id!r} is not '
+                         'recorded')
+    by_table[table_id][figure_id] = value
+  return by_table
+
+
 def record(root, name, tables, figures=None, captions=None, columns=None,
            command=None, short_command=None, cost=None, today=None,
-           this_machine=None):
+           this_machine=None, provenance=None):
   """Writes or updates results/<name>.json; returns its path."""
   if not re.fullmatch(r'[\w.-]+', name) or name == README_BLOCK:
     raise ResultsError(f'bad experiment name {name!r}')
@@ -413,11 +528,22 @@ def record(root, name, tables, figures=None, captions=None, columns=None,
     raise ResultsError(
         f'--caption/--columns for table(s) not recorded: '
         f'{", ".join(sorted(unknown))}')
-  old = data.get('measured')
+  figures = _figures_by_table(figures, tables)
+  provenance = dict(provenance or run_provenance(root))
+  if not provenance.get('command'):
+    provenance['command'] = data.get('command')
+  old = {'measured': data.get('measured'),
+         'provenance': data.get('provenance')}
   all_tables = data.setdefault('tables', {})
-  for table_id, table in all_tables.items():  # Untouched tables keep their date.
-    if table_id not in tables and old and 'measured' not in table:
-      table['measured'] = old
+  all_figures = data.setdefault('figures', {})
+  for table_id, table in all_tables.items():
+    if table_id in tables:  # Rerun: its old figures go with it.
+      for figure_id in table.get('figures', []):
+        all_figures.pop(figure_id, None)
+      continue
+    for key, value in old.items():  # Untouched tables keep theirs.
+      if value and key not in table and 'history' not in table:
+        table[key] = value
   for table_id, json_path in tables.items():
     cols = (columns or {}).get(table_id)
     table = table_from_json(_load_json(json_path),
@@ -425,11 +551,122 @@ def record(root, name, tables, figures=None, captions=None, columns=None,
     caption = (captions or {}).get(table_id,
                                    all_tables.get(table_id, {}).get('caption',
                                                                     ''))
-    all_tables[table_id] = {'caption': caption, **table}
+    all_tables[table_id] = {'caption': caption, **table,
+                            'figures': list(figures[table_id])}
+    all_figures.update(figures[table_id])
   data['measured'] = measured
-  data.setdefault('figures', {}).update(figures or {})
+  data['provenance'] = provenance
+  recorded = {}
+  for values in figures.values():
+    recorded.update(values)
+  add_history_row(data, recorded, measured, provenance)
   write_results(path, data)
   return path
+
+
+HISTORY_COLUMNS = ['date', 'commit', 'machine', 'ISA']
+
+
+def _number(value):
+  """(number, text before it, decimals, text after it) of a figure like
+  '16.09x' or '18.5 [17.9-22.1]' (its first number), or None."""
+  found = re.search(r'[-+]?\d+(?:\.(\d+))?', value or '')
+  if not found:
+    return None
+  return (float(found.group()), value[:found.start()],
+          len(found.group(1) or ''), value[found.end():].split(' ')[0])
+
+
+def history_summary(table, figure_id, isa):
+  """'median [min-max] (N runs)' of `figure_id`'s column in a history
+  table, over its rows measured on `isa`; None without such a row."""
+  column = table['columns'].index(figure_id)
+  isa_column = table['columns'].index('ISA')
+  numbers = [_number(row[column]) for row in table['rows']
+             if row[isa_column] == isa and row[column] not in ('', '–')]
+  numbers = [n for n in numbers if n]
+  if not numbers:
+    return None
+  values = sorted(n[0] for n in numbers)
+  half = len(values) // 2
+  median = values[half] if len(values) % 2 else (values[half - 1] +
+                                                  values[half]) / 2
+  _, before, decimals, after = numbers[0]
+  text = lambda v: f'{before}{v:.{decimals}f}{after}'  # pylint: disable=unnecessary-lambda-assignment
+  runs = 'run' if len(values) == 1 else 'runs'
+  return (f'{text(median)} [{text(values[0])}-{text(values[-1])}] '
+          f'({len(values)} {runs})')
+
+
+def add_history_row(data, figures, measured, provenance):
+  """Appends this run's figures to each table of `data` that keeps a
+  history ("history": {"figures": [IDs], "summaries": {ID: figure ID}}) and
+  refreshes its summary figures (median [min-max] over the runs on this
+  run's ISA)."""
+  for table in data.get('tables', {}).values():
+    history = table.get('history')
+    if not history or not any(f in figures for f in history['figures']):
+      continue
+    commit = provenance.get('commit') or provenance.get('committed_in') or ''
+    table['rows'].append(
+        [measured.get('date', ''), commit[:7] + (
+            '+dirty' if commit.endswith('+dirty') else ''),
+         measured.get('machine', ''), measured.get('isa', 'unknown')] +
+        [figures.get(f, '–') for f in history['figures']])
+    for summary_id, figure_id in history.get('summaries', {}).items():
+      value = history_summary(table, figure_id, measured.get('isa'))
+      if value:
+        data.setdefault('figures', {})[summary_id] = value
+        if summary_id not in table.setdefault('figures', []):
+          table['figures'].append(summary_id)
+
+
+def provenance_problems(results, readme_rows=()):
+  """What `--check` finds wrong besides stale blocks: tables without
+  provenance, figures that no table (or two) lists, README rows whose figure
+  comes from a transcribed table. A list of one-line problems."""
+  problems, owner = [], {}
+  for name, data in sorted(results.items()):
+    where = f'results/{name}.json'
+    listed = {}
+    for table_id, table in data.get('tables', {}).items():
+      provenance = provenance_of(data, table) or {}
+      kind = provenance.get('kind')
+      if kind == 'recorded':
+        if not provenance.get('command') or not (
+            provenance.get('commit') or provenance.get('committed_in')):
+          problems.append(f'{where}: table {table_id}: recorded without its '
+                          'command and commit')
+      elif kind == 'transcribed':
+        if not provenance.get('from'):
+          problems.append(f'{where}: table {table_id}: transcribed from '
+                          'nowhere ("from")')
+      else:
+        problems.append(f'{where}: table {table_id} has no provenance '
+                        '(recorded or transcribed)')
+      for figure_id in table.get('figures', []):
+        if figure_id in listed:
+          problems.append(f'{where}: figure {figure_id} is listed by tables '
+                          f'{listed[figure_id]} and {table_id}')
+        listed[figure_id] = table_id
+        if figure_id not in data.get('figures', {}):
+          problems.append(f'{where}: table {table_id} lists figure '
+                          f'{figure_id}, which the file lacks')
+    for figure_id in data.get('figures', {}):
+      if figure_id not in listed:
+        problems.append(f'{where}: figure {figure_id} is in no table '
+                        '(a stale figure?)')
+      else:
+        owner[f'{name}/{figure_id}'] = (data, data['tables'][listed[figure_id]])
+  for row in readme_rows:
+    ref = row.get('ours', '') if isinstance(row, dict) else ''
+    if ref in owner:
+      kind = (provenance_of(*owner[ref]) or {}).get('kind')
+      if kind != 'recorded':
+        problems.append(f'README row {row.get("result", ref)!r}: its figure '
+                        f'{ref} comes from a {kind or "provenance-less"} '
+                        'table; the README shows recorded figures only')
+  return problems
 
 
 # ---------------------------------------------------------------------------

@@ -3,7 +3,7 @@ the figures named from them.
 
 The bench input is a committed `terraformer-bench --json` file; its expected
 cells are those the CLI's own text table printed in the same run (quoted in
-tensorboard_exports/decode_17b_int8/README.md). The other inputs are written
+tests/fixtures/bench_17b_int8.md). The other inputs are written
 here in the shapes the CLIs write (terraformer-ood's ood_result.json,
 terraformer-eval's summary, terraformer-memory-bench / -info / -topk-bench
 --json, scripts/long_input_eval.py's line); their expected cells are worked
@@ -19,8 +19,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, 'scripts'))
 import experiment_tables as tables  # pylint: disable=wrong-import-position
 
-BENCH_17B = os.path.join(ROOT, 'tensorboard_exports', 'decode_17b_int8',
-                         'bench_s28.json')
+BENCH_17B = os.path.join(ROOT, 'tests', 'fixtures', 'bench_17b_int8.json')
 MIB = 2 ** 20
 
 
@@ -494,3 +493,45 @@ def test_mistakes_are_one_line_and_exit_2(tmp_path, capsys, args, says):
   code, table, figures = _run(tmp_path, *args)
   assert (code, table, figures) == (2, None, None)
   assert _one_line_error(capsys, says).startswith(f'{tables.PROG}: error: ')
+
+
+# ---------------------------------------------------------------------------
+# pytest --junitxml
+
+
+JUNIT = """<?xml version="1.0" encoding="utf-8"?>
+<testsuites><testsuite name="pytest" tests="5">
+<testcase classname="tests.layers.test_a" name="test_one" time="1.0">
+<system-out>--------------------------------- Captured Out ---------------------------------
+max |dlogit| 1.19e-06
+</system-out></testcase>
+<testcase classname="tests.layers.test_a" name="test_two" time="1.0">
+<failure message="assert False">boom</failure></testcase>
+<testcase classname="tests.layers.test_a" name="test_three" time="0.0">
+<skipped message="no AMX" /></testcase>
+<testcase classname="tests.models.test_b" name="test_c[x]" time="1.0"/>
+<testcase classname="tests.models.test_b" name="test_d" time="1.0">
+<error message="fixture">oops</error></testcase>
+</testsuite></testsuites>
+"""
+
+
+def test_pytest_junit_is_a_row_per_test_file(tmp_path):
+  path = tmp_path / 'junit.xml'
+  path.write_text(JUNIT)
+  code, table, figures = _run(tmp_path, 'pytest', path,
+                              '--figure=a=tests/layers/test_a.py:passed')
+  assert code == 0
+  assert table == {
+      'columns': ['tests', 'passed', 'failed', 'printed (measured)'],
+      'rows': [['tests/layers/test_a.py', '1 of 2', 'test_two',
+                'max |dlogit| 1.19e-06'],
+               ['tests/models/test_b.py', '1 of 2', 'test_d', '–']]}
+  assert figures == ['a=1 of 2']
+
+
+def test_pytest_junit_that_is_not_xml_is_one_line(tmp_path, capsys):
+  path = tmp_path / 'junit.xml'
+  path.write_text('not xml')
+  assert _run(tmp_path, 'pytest', path)[0] == 2
+  _one_line_error(capsys, 'not a JUnit XML file')

@@ -176,7 +176,8 @@ def demo(tmp_path):
               f'#!/usr/bin/env bash\nexec "{sys.executable}" "$@"\n')
   _executable(repo / '.venv' / 'bin' / 'terraformer-ood', STUB)
   _executable(tmp_path / 'bin' / 'stub-cli', STUB)
-  env = {k: v for k, v in os.environ.items() if k not in ('SHORT', 'NAME')}
+  env = {k: v for k, v in os.environ.items()
+         if k not in ('SHORT', 'NAME') and not k.startswith('TERRAFORMER_RUN_')}
   env.update(PATH=f'{tmp_path / "bin"}:{os.environ["PATH"]}',
              STUB_CALLS=str(calls))
 
@@ -213,8 +214,14 @@ def test_lib_runs_each_step_once_and_records_the_full_version(demo):
   assert recorded['measured']['date'] == datetime.date.today().isoformat()
   assert recorded['tables'] == {'steps': {
       'caption': 'two steps', 'columns': ['run', '1', '2'],
-      'rows': [['a', '5.0', '4.5']]}}
+      'rows': [['a', '5.0', '4.5']], 'figures': ['last']}}
   assert recorded['figures'] == {'last': '4.5'}
+  # Its provenance: what lib.sh took when the run started (no git here).
+  provenance = recorded['provenance']
+  assert provenance['kind'] == 'recorded'
+  assert provenance['commit'] == 'unknown'
+  assert provenance['command'] == 'bash experiments/demo.sh'
+  assert 0 <= provenance['wall_s'] < 60
 
   # A rerun skips every finished step (terraformer-ood, which resumes by
   # itself, runs again) and copies no run over the one trained on.

@@ -26,7 +26,10 @@ OOD = {
     'cost': 'about 6 core-hours on the 2-core CPU',
     'measured': {'date': '2026-11-25', 'machine': '2-core AMD EPYC',
                  'isa': 'avx2'},
+    'provenance': {'kind': 'recorded', 'commit': 'abc1234def5678',
+                   'command': 'bash experiments/ood.sh', 'wall_s': 3600},
     'tables': {'copy': {'caption': 'copy, 3000 steps, 2 seeds',
+                        'figures': ['copy_ood'],
                         'columns': ['model', 'in distribution', 'OOD'],
                         'rows': [['Transformer', '99.4% / 99.8%',
                                   '6.4% / 6.8%'],
@@ -36,7 +39,9 @@ OOD = {
                        'rows': [['Terraformer', '13.5%']],
                        'measured': {'date': '2026-11-20',
                                     'machine': '2-core AMD EPYC',
-                                    'isa': 'unknown'}}},
+                                    'isa': 'unknown'},
+                       'provenance': {'kind': 'transcribed',
+                                      'from': 'a log of 2026-11-20'}}},
     'figures': {'copy_ood': '6.4%'},
 }
 README_ROWS = [{'result': 'Table 4 copy OOD', 'ours': 'ood/copy_ood',
@@ -49,13 +54,13 @@ COPY_BODY = """copy, 3000 steps, 2 seeds
 | Transformer | 99.4% / 99.8% | 6.4% / 6.8% |
 | a\\|b | 1% | 2% |
 
-Measured 2026-11-25 on a 2-core AMD EPYC (avx2) by `bash experiments/ood.sh` (about 6 core-hours on the 2-core CPU; short version: `SHORT=1 bash experiments/ood.sh`).
+Recorded by `bash experiments/ood.sh` at commit abc1234 on 2026-11-25, a 2-core AMD EPYC (avx2), in 60 min (about 6 core-hours on the 2-core CPU; short version: `SHORT=1 bash experiments/ood.sh`).
 """
 OLD_BODY = """| model | OOD |
 | --- | --- |
 | Terraformer | 13.5% |
 
-Measured 2026-11-20 on a 2-core AMD EPYC (ISA unknown) by `bash experiments/ood.sh` (about 6 core-hours on the 2-core CPU; short version: `SHORT=1 bash experiments/ood.sh`).
+Transcribed from a log of 2026-11-20, not written by its script `bash experiments/ood.sh`: measured 2026-11-20 on a 2-core AMD EPYC (ISA unknown) (about 6 core-hours on the 2-core CPU; short version: `SHORT=1 bash experiments/ood.sh`).
 """
 README_BODY = """| result | ours | paper | page |
 | --- | --- | --- | --- |
@@ -202,11 +207,15 @@ def test_record_builds_a_results_file_from_cli_json(tmp_path, capsys):
   table = tmp_path / 'table.json'
   table.write_text(json.dumps({'columns': ['n', 'ms'],
                                'rows': [[64, 1.5], [4096, 16729.0]]}))
+  run = {'kind': 'recorded', 'commit': 'c0ffee0', 'command': None,
+         'started': '2026-11-28T10:00:00Z', 'wall_s': 61}
   path = results.record(
       str(tmp_path), 'ood', {'copy': str(ood_table), 'speed': str(table)},
-      figures={'copy_ood': '6.4%'}, captions={'copy': 'copy, 2 seeds'},
+      figures={'copy:copy_ood': '6.4%', 'speed:n_max': '4096'},
+      captions={'copy': 'copy, 2 seeds'},
       columns={'copy': 'cell,ood'}, today=datetime.date(2026, 11, 28),
-      this_machine={'machine': '2-core AMD EPYC', 'isa': 'avx2'})
+      this_machine={'machine': '2-core AMD EPYC', 'isa': 'avx2'},
+      provenance=run)
   assert path == str(tmp_path / 'results' / 'ood.json')
   data = json.loads(_read(path))
   assert data == {
@@ -217,20 +226,31 @@ def test_record_builds_a_results_file_from_cli_json(tmp_path, capsys):
       'tables': {
           'copy': {'caption': 'copy, 2 seeds', 'columns': ['cell', 'ood'],
                    'rows': [['copy_transformer', '0.064'],
-                            ['copy_terraformer', '0.173']]},
+                            ['copy_terraformer', '0.173']],
+                   'figures': ['copy_ood']},
           'speed': {'caption': '', 'columns': ['n', 'ms'],
-                    'rows': [['64', '1.5'], ['4096', '16729']]}},
-      'figures': {'copy_ood': '6.4%'},
+                    'rows': [['64', '1.5'], ['4096', '16729']],
+                    'figures': ['n_max']}},
+      'figures': {'copy_ood': '6.4%', 'n_max': '4096'},
       'measured': {'date': '2026-11-28', 'machine': '2-core AMD EPYC',
-                   'isa': 'avx2'}}
-  # Rerecording one table: it and the file get today's date; the other
-  # table keeps the date it was measured on; no --columns: every key.
+                   'isa': 'avx2'},
+      'provenance': {**run, 'command': 'bash experiments/ood.sh'}}
+  assert results.provenance_problems({'ood': data}) == []
+  # Rerecording one table: it and the file get today's date and this run's
+  # provenance; the other table keeps those it was measured with; the
+  # rerun table's old figures go (copy_ood), its new ones come; a figure
+  # without TABLE: belongs to the one table recorded.
   results.record(
       str(tmp_path), 'ood', {'copy': str(ood_table)},
       figures={'copy_id': '100%'}, cost='about 1 core-hour',
       today=datetime.date(2026, 12, 1),
-      this_machine={'machine': '16-core Xeon', 'isa': 'avx512-vnni'})
+      this_machine={'machine': '16-core Xeon', 'isa': 'avx512-vnni'},
+      provenance={'kind': 'recorded', 'commit': 'beef123+dirty',
+                  'command': 'bash experiments/ood.sh'})
   data = json.loads(_read(path))
+  assert data['provenance']['commit'] == 'beef123+dirty'
+  assert data['tables']['speed']['provenance']['commit'] == 'c0ffee0'
+  assert 'provenance' not in data['tables']['copy']
   assert data['measured'] == {'date': '2026-12-01', 'machine': '16-core Xeon',
                               'isa': 'avx512-vnni'}
   assert data['cost'] == 'about 1 core-hour'
@@ -240,16 +260,19 @@ def test_record_builds_a_results_file_from_cli_json(tmp_path, capsys):
       'caption': 'copy, 2 seeds',
       'columns': ['cell', 'in_distribution', 'ood', 'steps', 'note'],
       'rows': [['copy_transformer', '0.994', '0.064', '3000', ''],
-               ['copy_terraformer', '1', '0.173', '6000', 'null']]}
-  assert data['figures'] == {'copy_ood': '6.4%', 'copy_id': '100%'}
+               ['copy_terraformer', '1', '0.173', '6000', 'null']],
+      'figures': ['copy_id']}
+  assert data['figures'] == {'n_max': '4096', 'copy_id': '100%'}
+  assert results.provenance_problems({'ood': data}) == []
   # The file renders: a page block over the recorded table.
   _write(str(tmp_path / 'docs' / 'p.md'),
          '<!-- results:ood/speed -->\n<!-- /results -->\n')
   capsys.readouterr()
   assert results.main(['--root', str(tmp_path)]) == 0
-  assert ('| 4096 | 16729 |\n\nMeasured 2026-11-28 on a 2-core AMD EPYC '
-          '(avx2) by `bash experiments/ood.sh` (about 1 core-hour; short '
-          'version: `SHORT=1 bash experiments/ood.sh`).\n<!-- /results -->'
+  assert ('| 4096 | 16729 |\n\nRecorded by `bash experiments/ood.sh` at '
+          'commit c0ffee0 on 2026-11-28, a 2-core AMD EPYC (avx2), in 1 min '
+          '(about 1 core-hour; short version: `SHORT=1 bash '
+          'experiments/ood.sh`).\n<!-- /results -->'
           ) in _read(str(tmp_path / 'docs' / 'p.md'))
 
 
@@ -317,3 +340,113 @@ def test_the_readme_has_its_results_table():
             encoding='utf-8') as f:
     rows = json.load(f)
   assert 0 < len(rows) <= 12
+
+
+def test_a_run_provenance_comes_from_what_the_experiment_exported(tmp_path):
+  env = {'TERRAFORMER_RUN_COMMIT': 'abc+dirty',
+         'TERRAFORMER_RUN_COMMAND': 'bash experiments/x.sh',
+         'TERRAFORMER_RUN_STARTED': '1764547200'}  # 2025-12-01T00:00:00Z
+  assert results.run_provenance(str(tmp_path), env, now=1764547200 + 90) == {
+      'kind': 'recorded', 'commit': 'abc+dirty',
+      'command': 'bash experiments/x.sh', 'started': '2025-12-01T00:00:00Z',
+      'wall_s': 90}
+  # By hand, outside a git checkout: no start, an unknown commit.
+  assert results.run_provenance(str(tmp_path), {}) == {
+      'kind': 'recorded', 'commit': 'unknown', 'command': None}
+
+
+def test_a_figure_of_several_tables_needs_its_table(tmp_path, capsys):
+  table = tmp_path / 't.json'
+  table.write_text(json.dumps({'columns': ['n'], 'rows': [[1]]}))
+  argv = ['record', 'x', '--table', f'a={table}', '--table', f'b={table}',
+          '--figure', 'f=1', '--root', str(tmp_path)]
+  assert results.main(argv) == 2
+  assert 'name its table (TABLE:f=...)' in capsys.readouterr().err
+  argv[argv.index('f=1')] = 'c:f=1'
+  assert results.main(argv) == 2
+  assert "table 'c' is not recorded" in capsys.readouterr().err
+  assert not (tmp_path / 'results' / 'x.json').exists()
+
+
+def test_check_fails_on_missing_provenance_stray_figures_and_readme_rows(
+    repo, capsys):
+  assert results.main(['--root', str(repo)]) == 0
+  bad = json.loads(json.dumps(OOD))
+  del bad['provenance']  # the copy table has none now; old keeps its own
+  bad['figures']['stale'] = '69'
+  bad['tables']['old']['figures'] = ['copy_ood', 'gone']
+  _write(str(repo / 'results' / 'ood.json'), json.dumps(bad))
+  capsys.readouterr()
+  assert results.main(['--check', '--root', str(repo)]) == 1
+  out = capsys.readouterr().out
+  for line in ['results/ood.json: table copy has no provenance',
+               'figure copy_ood is listed by tables copy and old',
+               'table old lists figure gone, which the file lacks',
+               'figure stale is in no table']:
+    assert line in out, out
+  assert 'table old has no provenance' not in out
+  # A README row may show recorded figures only.
+  rows = [{'result': 'r', 'ours': 'ood/t', 'paper': '-', 'page': ''}]
+  data = json.loads(json.dumps(OOD))
+  data['figures']['t'] = '13.5%'
+  data['tables']['old']['figures'] = ['t']
+  problems = results.provenance_problems({'ood': data}, rows)
+  assert problems == [
+      "README row 'r': its figure ood/t comes from a transcribed table; the "
+      'README shows recorded figures only']
+  data['tables']['old']['provenance'] = {'kind': 'recorded',
+                                         'command': 'x'}
+  assert results.provenance_problems({'ood': data}, rows) == [
+      'results/ood.json: table old: recorded without its command and commit']
+
+
+def test_every_committed_results_file_has_provenance():
+  committed = results.load_results(ROOT)
+  with open(os.path.join(ROOT, 'results', 'readme.json'),
+            encoding='utf-8') as f:
+    rows = json.load(f)
+  assert results.provenance_problems(committed, rows) == []
+  kinds = {(results.provenance_of(d, t) or {}).get('kind')
+           for d in committed.values() for t in d['tables'].values()}
+  assert kinds <= {'recorded', 'transcribed'}
+
+
+def test_a_history_table_gains_a_row_per_run_and_its_median(tmp_path):
+  table = tmp_path / 't.json'
+  table.write_text(json.dumps({'columns': ['model', 'vs dense'],
+                               'rows': [['sparse', '16.09x']]}))
+  history = {'caption': 'runs', 'columns': results.HISTORY_COLUMNS +
+                                          ['speedup'],
+             'rows': [['2026-11-28', 'aaaaaaa', 'CPU', 'avx512-vnni',
+                       '9.65x'],
+                      ['2026-11-28', 'bbbbbbb', 'CPU', 'avx2', '7.00x']],
+             'figures': [],
+             'history': {'figures': ['speedup'],
+                         'summaries': {'speedup_runs': 'speedup'}},
+             'provenance': {'kind': 'recorded', 'command': 'x',
+                            'commit': 'per row'}}
+  _write(str(tmp_path / 'results' / 'd.json'), json.dumps(
+      {'experiment': 'd', 'command': 'x', 'tables': {'runs': history},
+       'figures': {}}))
+  for value in ('15.46x', '10.55x'):
+    table.write_text(json.dumps({'columns': ['model', 'vs dense'],
+                                 'rows': [['sparse', value]]}))
+    results.record(str(tmp_path), 'd', {'models': str(table)},
+                   figures={'speedup': value},
+                   today=datetime.date(2026, 12, 1),
+                   this_machine={'machine': 'CPU', 'isa': 'avx512-vnni'},
+                   provenance={'kind': 'recorded', 'commit': 'c0ffee00',
+                               'command': 'x'})
+  data = json.loads(_read(str(tmp_path / 'results' / 'd.json')))
+  runs = data['tables']['runs']
+  assert runs['rows'][2:] == [
+      ['2026-12-01', 'c0ffee0', 'CPU', 'avx512-vnni', '15.46x'],
+      ['2026-12-01', 'c0ffee0', 'CPU', 'avx512-vnni', '10.55x']]
+  # The median of the 3 runs on this ISA (the avx2 run is left out).
+  assert data['figures']['speedup_runs'] == '10.55x [9.65x-15.46x] (3 runs)'
+  assert runs['figures'] == ['speedup_runs']
+  assert 'measured' not in runs  # a row per run, not one run's table
+  assert results.provenance_problems(data and {'d': data}) == []
+  assert results.history_summary(runs, 'speedup', 'avx2') == (
+      '7.00x [7.00x-7.00x] (1 run)')
+  assert results.history_summary(runs, 'speedup', 'amx') is None
