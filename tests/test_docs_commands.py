@@ -366,33 +366,69 @@ def test_experiments_call_only_what_exists(problems, script):
   assert not problems[script], '\n'.join(problems[script])
 
 
-# Work-log labels (a session, stop or issue followed by its number) and one
-# machine's run folders say nothing to a reader of a fresh clone; git keeps
-# the history.
-LABELS = re.compile('|'.join([r'\bsessions? [0-9]', r'\bstop [0-9]',
+# Work-log labels (a session, stop or issue followed by its number; a session
+# also inside a folder's name) and one machine's run folders say nothing to a
+# reader of a fresh clone; git keeps the history.
+LABELS = re.compile('|'.join([r'(?<![a-z])sessions?[ _-]?[0-9]', r'\bstop [0-9]',
                               r'\bissues? [0-9]', '~' + '/runs']), re.I)
 LABEL_PATHS = ('README.md', 'CONTRIBUTING.md', 'CHANGELOG.md', 'setup.py',
                'docs', 'gin', 'terraformer', 'tests', 'scripts',
-               'experiments', 'results')
-TEXT = ('.md', '.py', '.gin', '.sh', '.json', '.cc', '.txt', '.toml', '.ini')
+               'experiments', 'results', 'tensorboard_exports')
+TEXT = ('.md', '.py', '.gin', '.sh', '.json', '.cc', '.txt', '.toml', '.ini',
+        '.csv')
+# The pages and the committed exports also name no folder of one machine
+# (its temporary or home directories): a run is named by its folder under the
+# repository (`runs/experiments/NAME/RUN`), as the experiment scripts write it.
+MACHINE_PATHS = re.compile('|'.join('/' + d + '/' for d in
+                                    ('tmp', 'root', 'home', 'Users')))
+MACHINE_PATH_PATHS = ('README.md', 'docs', 'tensorboard_exports')
 
 
-def test_no_work_log_labels_in_docs_code_or_configs():
+def _work_log_lines(tops=LABEL_PATHS, root=ROOT):
+  """'path:line: text' of each line of the text files under `tops` that holds
+  a work-log label, or one machine's folder where MACHINE_PATH_PATHS says."""
   found = []
-  for top in LABEL_PATHS:
-    paths = [os.path.join(ROOT, top)]
+  for top in tops:
+    paths = [os.path.join(root, top)]
     if os.path.isdir(paths[0]):
       paths = [os.path.join(d, f) for d, _, files in os.walk(paths[0])
                for f in files if f.endswith(TEXT)]
+    machine = top in MACHINE_PATH_PATHS
     for path in paths:
       if not os.path.isfile(path):
         continue
       with open(path, encoding='utf-8', errors='replace') as f:
         for number, line in enumerate(f, 1):
-          if LABELS.search(line):
-            found.append(f'{os.path.relpath(path, ROOT)}:{number}: '
+          if LABELS.search(line) or (machine and MACHINE_PATHS.search(line)):
+            found.append(f'{os.path.relpath(path, root)}:{number}: '
                          f'{line.strip()[:100]}')
+  return found
+
+
+def test_no_work_log_labels_in_docs_code_or_configs():
+  found = _work_log_lines()
   assert not found, '\n'.join(found)
+
+
+def test_the_work_log_check_finds_labels_and_machine_folders(tmp_path):
+  session = 'sess' + 'ion'  # Not a label of this file.
+  folder = tmp_path / 'tensorboard_exports' / f'ood_{session}29'
+  folder.mkdir(parents=True)
+  (folder / 'README.md').write_text(
+      f'Runs of {session} 35.\nMade in ' + '~' + '/runs/x.\nAll fine.\n')
+  (folder / 'scalars.json').write_text('{"logdir": "/' + 'root/runs/x"}\n')
+  (folder / 'scalars.csv').write_text(f'run,metric\n{session}-31 x,loss\n')
+  (folder / 'table.md').write_text('| run | /' + 'home/x |\n')
+  (folder / 'plot.png').write_text('/' + 'tmp/ is not read in a PNG')
+  (folder.parent / 'README.md').write_text(f'`ood_{session}29/`: copy\n')
+  (tmp_path / 'scripts').mkdir()  # Code may name a temporary folder.
+  (tmp_path / 'scripts' / 'x.py').write_text("OUT = '/" + "tmp/x'\n")
+  found = _work_log_lines(('tensorboard_exports', 'scripts'), str(tmp_path))
+  inside = f'tensorboard_exports/ood_{session}29/'
+  assert sorted(f.split(': ')[0] for f in found) == sorted([
+      'tensorboard_exports/README.md:1', inside + 'README.md:1',
+      inside + 'README.md:2', inside + 'scalars.json:1',
+      inside + 'scalars.csv:2', inside + 'table.md:1'])
 
 
 # ---------------------------------------------------------------------------

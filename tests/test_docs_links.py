@@ -71,3 +71,38 @@ def test_the_check_finds_broken_links(tmp_path):
       'c.md: no file ' + os.path.relpath(str(tmp_path / 'c.md'), ROOT),
       'b.md#ours: no heading #ours',
       'x.png: no file ' + os.path.relpath(str(tmp_path / 'x.png'), ROOT)]
+
+
+# The committed exports (tensorboard_exports/NAME/): each is the curves of a
+# table on a page, so a page names it, and its index lists it; a name on a
+# page or in an experiment script is a folder that exists.
+EXPORTS = os.path.join(ROOT, 'tensorboard_exports')
+EXPORT_NAME = re.compile(r'tensorboard_exports/([a-z0-9_]+)')
+
+
+def _export_names(paths):
+  """{folder name: [the files of `paths` that name tensorboard_exports/it]}."""
+  names = {}
+  for path in paths:
+    with open(path, encoding='utf-8') as f:
+      for name in set(EXPORT_NAME.findall(f.read())):
+        names.setdefault(name, []).append(os.path.relpath(path, ROOT))
+  return names
+
+
+def test_each_export_is_named_by_a_page_and_the_index():
+  folders = sorted(d for d in os.listdir(EXPORTS)
+                   if os.path.isdir(os.path.join(EXPORTS, d)))
+  on_pages = _export_names(PAGES)
+  assert [d for d in folders if d not in on_pages] == []
+  with open(os.path.join(EXPORTS, 'README.md'), encoding='utf-8') as f:
+    rows = re.findall(r'^\| `([^`]+)/` \|', f.read(), flags=re.M)
+  assert rows == sorted(set(rows), key=rows.index)  # One row each.
+  assert sorted(rows) == folders
+
+
+def test_each_export_named_exists():
+  scripts = sorted(glob.glob(os.path.join(ROOT, 'experiments', '*.sh')))
+  named = _export_names(PAGES + scripts)
+  assert {n: p for n, p in named.items()
+          if not os.path.isdir(os.path.join(EXPORTS, n))} == {}
