@@ -1,8 +1,26 @@
 """terraformer: Scaling Transformers and the Terraformer as Trax combinators."""
 import importlib.util
 import os
+import re
 
 import setuptools
+
+_HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def _read(name):
+  with open(os.path.join(_HERE, name), encoding='utf-8') as f:
+    return f.read()
+
+
+def _version():
+  """`__version__` of terraformer/__init__.py, read as text: the package
+  imports its dependencies, which a build may not have yet."""
+  found = re.search(r"^__version__ = '([^']+)'$",
+                    _read(os.path.join('terraformer', '__init__.py')), re.M)
+  if not found:
+    raise RuntimeError("no __version__ = '...' line in terraformer/__init__.py")
+  return found.group(1)
 
 
 def _xla_ffi_include():
@@ -30,10 +48,26 @@ _kernels = [setuptools.Extension(
 
 setuptools.setup(
     name='terraformer',
-    version='0.1.0',
+    version=_version(),
     description=('Sparse is Enough in Scaling Transformers (Jaszczur et al.): '
                  'sparse layers, Scaling Transformer and Terraformer in Trax.'),
+    long_description=_read('README.md'),
+    long_description_content_type='text/markdown',
+    author='The terraformer Authors',
+    license='Apache-2.0',
+    license_files=['LICENSE'],
+    classifiers=[
+        'Development Status :: 3 - Alpha',
+        'Intended Audience :: Science/Research',
+        'License :: OSI Approved :: Apache Software License',
+        'Programming Language :: Python :: 3',
+        'Programming Language :: Python :: 3.11',
+        'Topic :: Scientific/Engineering :: Artificial Intelligence',
+    ],
     packages=setuptools.find_packages(include=['terraformer', 'terraformer.*']),
+    # The kernels' source travels in the sdist whether or not this build
+    # found the headers to compile it (a wheel built from the sdist does).
+    package_data={'terraformer.kernels': ['decode_kernels.cc']},
     ext_modules=_kernels,
     python_requires='>=3.11,<3.12',
     install_requires=[
