@@ -9,7 +9,7 @@
 #      (attention_sparsity 4: Q, K, V convolved over 3 positions; 2000 steps),
 #      and `LocalConv` 3 (the gin file as it is; scored at 1500 steps).
 #   2. Full attention vs causal CST (gin/long_input/lm_recall8_cst.gin: L 8,
-#      α 1, local reach 24 tokens), seeds 0 and 1: full to 2500 steps (seed 0
+#      α 1, a causal local window of 8 keys), seeds 0 and 1: full to 2500 steps (seed 0
 #      is the LocalConv run of 1 trained on), CST to 2500 and then 5000.
 # Exact match and token accuracy by scripts/long_input_eval.py (256
 # validation rows) at each scored step; eval log-perplexity by step from
