@@ -29,7 +29,17 @@ the original order of the selected elements (§3.1: "in line with their
 original position"): each output carries the original position of its
 pair's winner, and the k outputs are sorted by it at the end (`keep_order`).
 n and k are static Python ints; n/k must be a power of 2 (App. B.3).
+
+The scorers of App. A's ablation (Table 4) are a switch of
+`RepresentationPooling` (`scorer`): 'linear' (the paper's, the default),
+'nonlinear' (RoBERTa's classification head), 'random' (uniform scores, a
+new draw per call), 'index' (1 on every (n/k)-th position, 0 elsewhere),
+each followed by the operator, and 'mean' / 'max' (windows of n/k, stride
+n/k, no scorer and no operator). `scorer_norm` lets a trained scorer read
+the LayerNorm of the stream instead of the pre-norm residual stream itself
+(the authors' post-norm encoder hands the scorer normalized vectors).
 """
+import contextlib
 import math
 
 import gin
@@ -134,6 +144,30 @@ def hard_topk(vectors, scores, k, keep_order=True):
   return _take(vectors, indices)
 
 
+# Open `recording_selections()` lists: each SuccessiveHalvingTopK call adds
+# its winners' positions to every one (nothing is done when none is open).
+_SELECTION_SINKS = []
+
+
+@contextlib.contextmanager
+def recording_selections():
+  """Collects which input positions each pooling's operator selects.
+
+  Yields a list that every `SuccessiveHalvingTopK` run while the block is
+  open appends to, in call order (the encoder's first pooling first): the
+  original positions [B, k] (int32) of its k outputs' winners (the element
+  that outweighed its partner in every round). Inside `jax.jit` the
+  entries are the traced values: return them from the jitted function.
+  Window pooling ('mean' / 'max') selects nothing and adds nothing.
+  """
+  sink = []
+  _SELECTION_SINKS.append(sink)
+  try:
+    yield sink
+  finally:
+    _SELECTION_SINKS.remove(sink)
+
+
 @gin.configurable(module='terraformer')
 class SuccessiveHalvingTopK(tl.Layer):
   """(E [B, n, d], v [B, n], mask [B, n]) -> (pooled [B, k, d], mask [B, k]).
@@ -159,9 +193,11 @@ class SuccessiveHalvingTopK(tl.Layer):
     vectors, scores, mask = inputs
     if vectors.shape[1] <= self._k:
       return vectors, mask
-    pooled, _, pooled_mask, _ = successive_halving_topk(
+    pooled, _, pooled_mask, positions = successive_halving_topk(
         vectors, scores, self._k, mask, self._peaked, self._base, self._sort,
         self._keep_order)
+    for sink in _SELECTION_SINKS:
+      sink.append(positions)
     return pooled, pooled_mask
 
 
@@ -195,16 +231,160 @@ class LinearScorer(tl.Layer):
 
 
 @gin.configurable(module='terraformer')
+class NonlinearScorer(tl.Layer):
+  """x [B, n, d] -> v [B, n]: S(e) = tanh(eᵀW1 + b1)·w2 + b2 (App. A).
+
+  The "nonlinear" scorer of Table 4, RoBERTa's classification head (Liu et
+  al., 2019): W1 [d, h] (h = `d_hidden`, None: d, as RoBERTa's head), b1
+  [h], w2 [h], b2 a scalar (the paper's "w1 ∈ R^d" would give a scalar
+  tanh, so we read W1 as RoBERTa's d x d dense layer). With `sigmoid`, as
+  `LinearScorer`: v = σ(S(e)) + 1e-5 for the peaked operator.
+  """
+
+  def __init__(self, sigmoid=True, d_hidden=None,
+               kernel_initializer=init.GlorotUniformInitializer(),
+               bias_initializer=init.RandomNormalInitializer(1e-6)):
+    super().__init__(name='NonlinearScorer')
+    self._sigmoid = sigmoid
+    self._d_hidden = d_hidden
+    self._kernel_initializer = kernel_initializer
+    self._bias_initializer = bias_initializer
+
+  def forward(self, x):
+    w1, b1, w2, b2 = self.weights
+    hidden = jnp.tanh(jnp.einsum('bnd,dh->bnh', x, w1) + b1)
+    v = jnp.einsum('bnh,h->bn', hidden, w2) + b2
+    return jax.nn.sigmoid(v) + 1e-5 if self._sigmoid else v
+
+  def init_weights_and_state(self, input_signature):
+    d = input_signature.shape[-1]
+    h = self._d_hidden or d
+    rng_w1, rng_b1, rng_w2, rng_b2 = jax.random.split(self.rng, 4)
+    self.weights = (self._kernel_initializer((d, h), rng_w1),
+                    self._bias_initializer((h,), rng_b1),
+                    self._kernel_initializer((h, 1), rng_w2)[:, 0],
+                    self._bias_initializer((1,), rng_b2)[0])
+
+
+class RandomScorer(tl.Layer):
+  """x [B, n, d] -> v [B, n] ~ U[0, 1): the "random" scorer of App. A.
+
+  A new draw at every call (the layer's rng, as Dropout's); no weights, so
+  no gradient. The scores lie in the peaked operator's range.
+  """
+
+  def __init__(self):
+    super().__init__(name='RandomScorer')
+
+  def forward(self, x):
+    return jax.random.uniform(self.rng, x.shape[:2], x.dtype)
+
+
+class IndexScorer(tl.Layer):
+  """x [B, n, d] -> v [B, n]: the "index-based" scorer of App. A.
+
+  v_i = 1 when i ≡ 0 (mod n/k), else 0 (i the position in the sequence
+  being pooled; the paper's "nonzero for every k-th token" names the stride
+  k, ours is n/k for k outputs): the operator keeps every (n/k)-th vector,
+  the paper's "groups of the four nearest token neighbors" at a 4x
+  reduction. No weights.
+  """
+
+  def __init__(self, k):
+    super().__init__(name=f'IndexScorer_{k}')
+    self._k = k
+
+  def forward(self, x):
+    batch, n = x.shape[:2]
+    stride = max(n // self._k, 1)
+    v = (jnp.arange(n) % stride == 0).astype(x.dtype)
+    return jnp.broadcast_to(v, (batch, n))
+
+
+class WindowPooling(tl.Layer):
+  """(x [B, n, d], mask [B, n]) -> (pooled [B, k, d], mask [B, k]).
+
+  The "mean pooling" / "max pooling" baselines of App. A: windows of n/k
+  consecutive vectors with stride n/k (4 and 4 at a 4x reduction), each
+  reduced to its mean or its elementwise max over the window's real
+  elements (padding is left out; a window of padding only gives 0 and a
+  False mask). No scorer, no top-k. A sequence of n <= k passes unchanged,
+  as `SuccessiveHalvingTopK`.
+  """
+
+  def __init__(self, k, reduce='mean'):
+    super().__init__(n_in=2, n_out=2, name=f'WindowPooling_{reduce}_{k}')
+    if reduce not in ('mean', 'max'):
+      raise TerraformerError(f"window pooling reduces by 'mean' or 'max', "
+                             f'got {reduce!r}')
+    self._k = k
+    self._reduce = reduce
+
+  def forward(self, inputs):
+    x, mask = inputs
+    batch, n, d = x.shape
+    if n <= self._k:
+      return x, mask
+    if n % self._k:
+      raise TerraformerError(
+          f'{self._reduce} pooling of n={n} representations to k={self._k}:'
+          f' windows of n/k need k to divide n')
+    window = n // self._k
+    x = x.reshape(batch, self._k, window, d)
+    real = mask.astype(bool).reshape(batch, self._k, window)
+    any_real = real.any(axis=2)
+    if self._reduce == 'mean':
+      count = real.sum(axis=2, keepdims=True).astype(x.dtype)
+      pooled = (x * real[..., None]).sum(axis=2) / jnp.maximum(count, 1.0)
+    else:
+      pooled = jnp.where(real[..., None], x, -jnp.inf).max(axis=2)
+      pooled = jnp.where(any_real[..., None], pooled, 0.0).astype(x.dtype)
+    return pooled, any_real
+
+
+# App. A's scorers (Table 4), the values of `RepresentationPooling.scorer`.
+SCORERS = ('linear', 'nonlinear', 'random', 'index', 'mean', 'max')
+
+
+def _scorer_layer(scorer, k, peaked, scorer_norm):
+  """The scorer x -> v of a `RepresentationPooling` that uses the operator."""
+  if scorer == 'random':
+    return RandomScorer()
+  if scorer == 'index':
+    return IndexScorer(k)
+  layer = (LinearScorer(sigmoid=peaked) if scorer == 'linear'
+           else NonlinearScorer(sigmoid=peaked))
+  # The authors' post-norm layers hand the scorer normalized vectors; our
+  # pre-norm stream is not normalized until the encoder's final LayerNorm.
+  return [tl.LayerNorm(), layer] if scorer_norm else layer
+
+
+@gin.configurable(module='terraformer')
 def RepresentationPooling(k, peaked=True, base=PEAKED_BASE, sort=True,
-                          keep_order=True):
+                          keep_order=True, scorer='linear',
+                          scorer_norm=False):
   """(x [B, n, d], mask [B, n]) -> (pooled [B, k, d], pooled mask [B, k]).
 
   Scores each representation with a linear scorer and keeps k of them with
   the Successive Halving Top-k operator (§3.1, §4, Algorithm 1); k = n is the
   identity. The pooled mask is True on outputs that contain a real element.
+
+  `scorer` (App. A, Table 4): 'linear' (S(e) = eᵀw + b, the paper's; the
+  default), 'nonlinear' (`NonlinearScorer`), 'random' (`RandomScorer`),
+  'index' (`IndexScorer`), each followed by the operator; 'mean' / 'max'
+  (`WindowPooling`: windows of n/k, stride n/k, instead of scorer and
+  operator). `scorer_norm`: a trained scorer ('linear', 'nonlinear') reads
+  LayerNorm(x) (its own gain and bias) instead of x; the pooled vectors are
+  x either way.
   """
+  if scorer not in SCORERS:
+    raise TerraformerError(f'pooling scorer must be one of {SCORERS}, got '
+                           f'{scorer!r}')
+  if scorer in ('mean', 'max'):
+    return tl.Serial(WindowPooling(k, scorer),
+                     name=f'RepresentationPooling_{k}')
   return tl.Serial(                       # x mask
-      tl.Branch([], LinearScorer(sigmoid=peaked)),   # x v mask
+      tl.Branch([], _scorer_layer(scorer, k, peaked, scorer_norm)),  # x v mask
       SuccessiveHalvingTopK(k, peaked, base, sort, keep_order),
       name=f'RepresentationPooling_{k}')
 

@@ -50,6 +50,7 @@ from terraformer.errors import TerraformerError
 from terraformer.layers.attention import ATTENTION_TYPES
 from terraformer.layers.attention import FlatMask
 from terraformer.layers.successive_halving_topk import RepresentationPooling
+from terraformer.layers.successive_halving_topk import SCORERS
 from terraformer.layers.successive_halving_topk import pooling_schedule
 from terraformer.models.common import Embedder
 from terraformer.models.common import EncodeOnce
@@ -122,7 +123,9 @@ def ScalingTransformer(input_vocab_size=32000, output_vocab_size=None,
                        lsh_chunk_len=128, lsh_n_hashes=1, lsh_n_buckets=None,
                        lsh_eval_seed=0, encoder_pooling=None,
                        pooling_peaked=True, pooling_sort=True,
-                       local_conv_len=0, mode='train'):
+                       pooling_scorer='linear', pooling_scorer_norm=False,
+                       decoder_positions=True, local_conv_len=0,
+                       mode='train'):
   """Encoder-decoder Scaling Transformer (the paper's T5-like 800M model).
 
   (input tokens, target tokens) -> (logits, target tokens). In predict mode
@@ -167,9 +170,20 @@ def ScalingTransformer(input_vocab_size=32000, output_vocab_size=None,
                               entries); the cross-attention reads the last k
                               (`RepresentationPooling`; `pooling_peaked`,
                               `pooling_sort`). Inputs of at most k pass.
+    `pooling_scorer`          App. A's scorers (Table 4): 'linear' (the
+                              paper's), 'nonlinear', 'random', 'index',
+                              'mean', 'max' (`RepresentationPooling.scorer`).
+    `pooling_scorer_norm`     False: the scorer reads the pre-norm residual
+                              stream; True: its LayerNorm, as the authors'
+                              post-norm encoder hands it normalized vectors.
+
+  `decoder_positions`: True (Trax's model) adds learned positions to the
+  decoder's embeddings; False is Pyramidion's decoder (App. C.1: "no
+  positional embeddings were used on the decoder side").
   """
   _check_choice('encoder_attention_type', encoder_attention_type,
                 ENCODER_ATTENTION_TYPES)
+  _check_choice('pooling_scorer', pooling_scorer, SCORERS)
   if sparse_encoder_attention not in ENCODER_ATTENTIONS:
     raise ValueError(f'sparse_encoder_attention must be one of '
                      f'{ENCODER_ATTENTIONS}, got {sparse_encoder_attention!r}')
@@ -218,7 +232,8 @@ def ScalingTransformer(input_vocab_size=32000, output_vocab_size=None,
                              mode=encoder_mode),
                 tl.PaddingMask()),               # vec_e mask_e
       [[_Block(encoder_sublayers, i),
-        _Pooling(pooling.get(i), pooling_peaked, pooling_sort)]
+        _Pooling(pooling.get(i), pooling_peaked, pooling_sort,
+                 pooling_scorer, pooling_scorer_norm)]
        for i in range(n_encoder_layers)],        # vec_e mask_e (pooled)
       tl.LayerNorm(),                            # vec_e mask_e
   )
@@ -226,8 +241,10 @@ def ScalingTransformer(input_vocab_size=32000, output_vocab_size=None,
       EncodeOnce(encoder, mode),                 # vec_e mask_e tok_d tok_d
       tl.Select([2, 1, 0]),                      # tok_d mask_e vec_e tok_d
       tl.ShiftRight(mode=mode),
-      _EmbedTokens(out_embedding, max_len=max_len, dropout=dropout,
-                   mode=mode),                   # vec_d mask_e vec_e tok_d
+      (_EmbedTokens(out_embedding, max_len=max_len, dropout=dropout,
+                    mode=mode) if decoder_positions else
+       Embedder(out_embedding, [], dropout=dropout,
+                mode=mode)),                     # vec_d mask_e vec_e tok_d
       tl.Branch([], tl.EncoderDecoderMask()),    # vec_d mask_ed vec_e tok_d
       [_EncoderDecoderBlock(decoder_sublayers)
        for _ in range(n_decoder_layers)],
@@ -252,11 +269,12 @@ def _EmbedTokens(embedding, *, max_len, dropout, mode):
       dropout=dropout, mode=mode)
 
 
-def _Pooling(k, peaked, sort):                   # vec_e mask_e
+def _Pooling(k, peaked, sort, scorer, scorer_norm):  # vec_e mask_e
   if k is None:
     return []
   return [tl.Parallel([], FlatMask()),
-          RepresentationPooling(k, peaked, sort=sort),
+          RepresentationPooling(k, peaked, sort=sort, scorer=scorer,
+                                scorer_norm=scorer_norm),
           tl.Parallel([], tl.Fn('PaddingMaskShape',
                                 lambda mask: mask[:, None, None, :]))]
 

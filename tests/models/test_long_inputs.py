@@ -208,3 +208,51 @@ def test_non_power_of_two_ratio_is_a_clear_error():
       'successive-halving top-k pools n=12 representations to k=4: the ratio '
       'n/k must be a power of 2 (1, 2, 4, ...), got 3')
   assert common.wrapped_user_error(ValueError('unrelated')) is None
+
+
+# Pyramidion's scorer ablation (App. A, Table 4) and the paper's decoder
+# without positions (App. C.1): switches of ScalingTransformer.
+TINY_ENCDEC = dict(input_vocab_size=VOCAB, d_model=16, d_ff=32,
+                   n_encoder_layers=2, n_decoder_layers=1, n_heads=2,
+                   dropout=0.0, max_len=32, encoder_pooling={0: 4})
+
+
+def _n_weights(model, inputs, targets):
+  model.init(shapes.signature((inputs, targets)), rng=jax.random.PRNGKey(4))
+  return [np.shape(w) for w in jax.tree_util.tree_leaves(model.weights)]
+
+
+def test_scorer_switches_change_only_the_pooling_weights():
+  inputs, targets = _tokens((2, 16), 21), _tokens((2, 3), 22)
+  shapes_of = {scorer: _n_weights(ScalingTransformer(
+      mode='eval', pooling_scorer=scorer, **TINY_ENCDEC), inputs, targets)
+               for scorer in ('linear', 'nonlinear', 'random', 'mean')}
+  default = _n_weights(ScalingTransformer(mode='eval', **TINY_ENCDEC),
+                       inputs, targets)
+  assert shapes_of['linear'] == default
+  # The linear scorer's w [d] and b []; RoBERTa's head adds W1 [d, d], b1.
+  assert len(default) - len(shapes_of['random']) == 2
+  assert len(shapes_of['random']) == len(shapes_of['mean'])
+  assert len(shapes_of['nonlinear']) - len(default) == 2
+  assert (16, 16) in shapes_of['nonlinear']
+  normed = _n_weights(ScalingTransformer(
+      mode='eval', pooling_scorer_norm=True, **TINY_ENCDEC), inputs, targets)
+  assert len(normed) - len(default) == 2  # The scorer's LayerNorm.
+  with pytest.raises(TerraformerError, match='pooling_scorer'):
+    ScalingTransformer(pooling_scorer='power', **TINY_ENCDEC)
+
+
+def test_decoder_without_positions_decodes_as_it_evaluates():
+  inputs, targets = _tokens((2, 16), 23), _tokens((2, 4), 24)
+  inputs[1, 10:] = 0
+  config = dict(TINY_ENCDEC, decoder_positions=False,
+                pooling_scorer='nonlinear', pooling_scorer_norm=True)
+  full, steps, model = _eval_and_predict_logits(
+      lambda mode: ScalingTransformer(mode=mode, **config), inputs, targets)
+  np.testing.assert_allclose(steps, full, atol=2e-4, rtol=2e-4)
+  # One positions table less than the default model (the decoder's).
+  with_positions = _n_weights(ScalingTransformer(
+      mode='eval', **dict(config, decoder_positions=True)), inputs, targets)
+  got = [np.shape(w) for w in jax.tree_util.tree_leaves(model.weights)]
+  assert len(with_positions) - len(got) == 1
+  assert with_positions.count((32, 16)) - got.count((32, 16)) == 1
