@@ -15,3 +15,4 @@ from terraformer.data.summarization import summarization_pairs
 from terraformer.data.summarization import summarization_stream
 from terraformer.data.long_range_recall import long_range_recall_lm_stream
 from terraformer.data.long_range_recall import long_range_recall_stream
+from terraformer.data.salient_extraction import salient_extraction_stream

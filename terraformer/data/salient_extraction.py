@@ -1,0 +1,220 @@
+"""Salient-token extraction: a summarization-like task where selection decides.
+
+For Pyramidion's scorer ablation (Pietruszka et al., App. A, Table 4) on a
+task a CPU learns: the input is `input_len` tokens of real text (the aclsum
+paper bodies of one split) into which a marker token is inserted before
+`n_salient` chosen text tokens; the target is those salient tokens in input
+order, then EOS. Nothing else in the input matters, so an encoder that pools
+to k < input_len vectors must keep the salient ones (or what carries them):
+the first pooling's recall of the salient positions measures the scorer.
+
+The marker is declared by context, not by its id: each example draws one
+marker among the SentencePiece pieces that do not occur in its text window
+(never pad, EOS or unk), and writes it as the first token of every section
+of `declare_every` tokens (None: one section, the whole input). A token is
+salient when the token before it is its section's declared marker (and is
+not the declaration itself):
+
+  section:  M t_1 t_2 M s_1 t_3 t_4 t_5 M s_2 t_6 ...    (M declared at 0)
+  target:   s_1 s_2 ... EOS
+
+So the marker's embedding says nothing by itself (another example's marker
+is ordinary text here): a scorer must compare a token's predecessor with the
+section's first token, which takes attention, so a scorer that pools right
+after the embeddings or after one layer is at a disadvantage (App. C.2's
+advice to pool after the first layer). Sections let a blockwise encoder
+whose blocks hold whole sections see the declaration in every block.
+
+Every section holds `n_salient / n_sections` markers, never right after its
+declaration (so position 1 of a section is text), none in a row; the text
+between them is one contiguous window of the split's concatenated bodies, in
+order. Validation and test text comes from papers of other splits than
+train's (`aclsum_papers.split_of`); each split draws from its own random
+stream, deterministic per seed.
+"""
+import gin
+import numpy as np
+
+from terraformer.data import aclsum_papers
+from terraformer.data import vocab as vocab_lib
+from terraformer.errors import TerraformerError
+
+SPLITS = ('train', 'validation', 'test')
+# SentencePiece ids never used as the marker: pad, EOS, unk (vocab.py).
+N_SPECIAL = 3
+
+
+class Layout:
+  """Lengths of one task configuration: sections and their markers."""
+
+  def __init__(self, input_len, n_salient, declare_every=None):
+    for name, value in dict(input_len=input_len, n_salient=n_salient).items():
+      if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise TerraformerError(
+            f'{name} must be a positive integer, got {value!r}')
+    section = input_len if declare_every is None else declare_every
+    if (isinstance(section, bool) or not isinstance(section, int)
+        or section < 3 or input_len % section):
+      raise TerraformerError(
+          f'declare_every must be an integer >= 3 that divides input_len='
+          f'{input_len} (or None), got {declare_every!r}')
+    n_sections = input_len // section
+    if n_salient % n_sections:
+      raise TerraformerError(
+          f'n_salient={n_salient} must be a multiple of the {n_sections} '
+          f'sections of {section} tokens (each holds as many markers)')
+    per_section = n_salient // n_sections
+    # A section: declaration, then text with a marker before per_section of
+    # its tokens, never the first: text = section - 1 - per_section tokens.
+    text_len = section - 1 - per_section
+    if per_section > text_len - 1:
+      raise TerraformerError(
+          f'sections of {section} tokens are too short for {per_section} '
+          f'salient tokens each')
+    self.input_len = input_len
+    self.n_salient = n_salient
+    self.section = section
+    self.n_sections = n_sections
+    self.per_section = per_section
+    self.text_len = text_len
+    self.target_len = n_salient + 1
+
+
+def make_example(rng, text, layout, vocab_size, eos_id):
+  """One example from a random window of `text` (token ids).
+
+  Returns:
+    (input ids [input_len], target ids [n_salient + 1], info) where info
+    holds `marker` (the id), `salient_pos` and `marker_pos` (input positions,
+    ascending) and `window_start` (where the text window starts in `text`).
+  """
+  n_text = layout.n_sections * layout.text_len
+  start = int(rng.integers(0, len(text) - n_text + 1))
+  window = np.asarray(text[start:start + n_text], np.int32)
+  absent = np.setdiff1d(np.arange(N_SPECIAL, vocab_size), window)
+  if not absent.size:
+    raise TerraformerError(
+        f'every piece of the {vocab_size}-piece vocabulary occurs in a '
+        f'{n_text}-token window: no marker left')
+  marker = int(rng.choice(absent))
+  ids = np.empty(layout.input_len, np.int32)
+  salient = []
+  for s in range(layout.n_sections):
+    chunk = window[s * layout.text_len:(s + 1) * layout.text_len]
+    # Salient text tokens: never the chunk's first (it follows the
+    # declaration), so no marker stands right after the declaration.
+    chosen = np.sort(rng.choice(np.arange(1, layout.text_len),
+                                size=layout.per_section, replace=False))
+    base = s * layout.section
+    ids[base] = marker
+    # Chunk token j lands after the declaration and the markers inserted
+    # before it: position 1 + j + (markers before or at j).
+    shift = np.searchsorted(chosen, np.arange(layout.text_len), side='right')
+    at = base + 1 + np.arange(layout.text_len) + shift
+    ids[at] = chunk
+    salient_at = at[chosen]
+    ids[salient_at - 1] = marker
+    salient.append(salient_at)
+  salient_pos = np.concatenate(salient)
+  target = np.concatenate([ids[salient_pos], [eos_id]]).astype(np.int32)
+  info = dict(marker=marker, salient_pos=salient_pos,
+              marker_pos=salient_pos - 1, window_start=start)
+  return ids, target, info
+
+
+def salient_positions(inputs, declare_every=None):
+  """The salient positions of input rows, read off the tokens alone.
+
+  A position p is salient when p - 1 holds the marker declared at the
+  start of p's section and p - 1 is not that declaration.
+
+  Args:
+    inputs: [B, input_len] token ids (or one row [input_len]).
+    declare_every: the stream's section length (None: the whole input).
+
+  Returns:
+    A bool array of the inputs' shape, True on salient positions.
+  """
+  inputs = np.asarray(inputs)
+  one_row = inputs.ndim == 1
+  inputs = np.atleast_2d(inputs)
+  n = inputs.shape[1]
+  section = n if declare_every is None else declare_every
+  offset = np.arange(n) % section
+  declared = inputs[:, np.arange(n) - offset]  # Each position's marker.
+  previous = np.concatenate([inputs[:, :1], inputs[:, :-1]], axis=1)
+  salient = (offset >= 2) & (previous == declared)
+  return salient[0] if one_row else salient
+
+
+def _text(split, vocab_size, vocab_path, papers_dir):
+  """(one split's paper bodies as one token array, vocab)."""
+  vocab = vocab_lib.get_vocab(vocab_size, vocab_path, papers_dir)
+  if vocab.vocab_size != vocab_size:
+    raise TerraformerError(
+        f'vocab has {vocab.vocab_size} pieces, vocab_size={vocab_size}')
+  papers = aclsum_papers.load_split(split, papers_dir)
+  docs = vocab.encode_batch(p['body'] for p in papers)
+  return np.concatenate([np.asarray(d, np.int32) for d in docs]), vocab
+
+
+def examples(split='train', input_len=512, n_salient=16, vocab_size=2048,
+             vocab_path=None, papers_dir=None, seed=0, declare_every=None):
+  """(layout, endless generator of (inputs, target, info) examples)."""
+  if split not in SPLITS:
+    raise TerraformerError(f'split must be one of {SPLITS}, got {split!r}')
+  layout = Layout(input_len, n_salient, declare_every)
+  text, vocab = _text(split, vocab_size, vocab_path, papers_dir)
+  if len(text) < layout.n_sections * layout.text_len:
+    raise TerraformerError(
+        f'split {split!r} has {len(text)} tokens of text, fewer than the '
+        f'{layout.n_sections * layout.text_len} an input of {input_len} '
+        f'holds')
+  rng = np.random.default_rng([seed, SPLITS.index(split)])
+
+  def generate():
+    while True:
+      yield make_example(rng, text, layout, vocab_size, vocab.eos_id)
+
+  return layout, generate()
+
+
+@gin.configurable(module='terraformer.data')
+def salient_extraction_stream(split='train', input_len=512, n_salient=16,
+                              batch_size=16, vocab_size=2048,
+                              vocab_path=None, papers_dir=None, seed=0,
+                              declare_every=None):
+  """Returns an endless generator of salient-extraction batches.
+
+  Args:
+    split: papers split the text comes from ('train', 'validation',
+      'test'); each split draws from its own random stream.
+    input_len: input tokens (N).
+    n_salient: salient tokens per example (m), the target's length less EOS.
+    batch_size: examples per batch.
+    vocab_size, vocab_path, papers_dir: as `lm_stream`; the task adds no
+      ids (the marker is a piece of the vocabulary).
+    seed: random seed (deterministic: same seed, same batches).
+    declare_every: section length: the marker is declared at the start of
+      every section and each section holds n_salient / sections salient
+      tokens; None: one section.
+
+  Returns:
+    A generator of `(inputs [B, input_len], targets [B, n_salient + 1],
+    weights [B, n_salient + 1])`, int32/int32/float32, weights all 1.
+  """
+  if isinstance(batch_size, bool) or not isinstance(
+      batch_size, int) or batch_size < 1:
+    raise TerraformerError(
+        f'batch_size must be a positive integer, got {batch_size!r}')
+  layout, stream = examples(split, input_len, n_salient, vocab_size,
+                            vocab_path, papers_dir, seed, declare_every)
+  weights = np.ones((batch_size, layout.target_len), np.float32)
+
+  def batches():
+    while True:
+      pairs = [next(stream)[:2] for _ in range(batch_size)]
+      yield (np.stack([x for x, _ in pairs]), np.stack([y for _, y in pairs]),
+             weights.copy())
+
+  return batches()

@@ -1,0 +1,132 @@
+"""Tests for terraformer.data.salient_extraction."""
+import itertools
+
+import numpy as np
+import pytest
+
+from terraformer.data import aclsum_papers
+from terraformer.data import salient_extraction as se
+from terraformer.data import vocab as vocab_lib
+from terraformer.errors import TerraformerError
+import synthetic_papers
+
+V = synthetic_papers.VOCAB_SIZE
+
+
+def _stream(papers_dir, **kwargs):
+  kwargs = dict(dict(input_len=64, n_salient=4, batch_size=4, vocab_size=V,
+                     papers_dir=papers_dir), **kwargs)
+  return se.salient_extraction_stream(**kwargs)
+
+
+def _split_text(papers_dir, split):
+  vocab = vocab_lib.get_vocab(V, None, papers_dir)
+  docs = vocab.encode_batch(p['body']
+                            for p in aclsum_papers.load_split(split,
+                                                              papers_dir))
+  return np.concatenate([np.asarray(d, np.int32) for d in docs])
+
+
+def _read(x, section):
+  """By hand from the definition: (marker, the tokens after each marker
+  occurrence that is not a declaration, the text without the markers)."""
+  marker = int(x[0])
+  after, text = [], []
+  for p, token in enumerate(x):
+    if p % section == 0:
+      assert token == marker  # Declared at every section's start.
+      continue
+    if token == marker:
+      continue
+    if x[p - 1] == marker and (p - 1) % section:
+      after.append(int(token))
+    text.append(int(token))
+  return marker, after, text
+
+
+def _contains(haystack, needle):
+  n = len(needle)
+  return any(np.array_equal(haystack[i:i + n], needle)
+             for i in range(len(haystack) - n + 1))
+
+
+@pytest.mark.parametrize('declare_every', [None, 16])
+def test_target_is_the_tokens_after_the_markers_in_order(
+    shared_cache_dir, papers_dir, declare_every):
+  del shared_cache_dir
+  n, m = 64, 4
+  section = declare_every or n
+  train_text = _split_text(papers_dir, 'train')
+  for inputs, targets, weights in itertools.islice(
+      _stream(papers_dir, declare_every=declare_every), 3):
+    assert inputs.shape == (4, n) and targets.shape == (4, m + 1)
+    assert inputs.dtype == targets.dtype == np.int32
+    np.testing.assert_array_equal(weights, 1.0)
+    salient = se.salient_positions(inputs, declare_every)
+    for x, y, is_salient in zip(inputs, targets, salient):
+      marker, after, text = _read(x, section)
+      assert marker >= se.N_SPECIAL and marker not in text
+      np.testing.assert_array_equal(y, after + [1])  # ... then EOS.
+      assert len(after) == m
+      # m markers besides the declarations, each before a salient token.
+      assert (x == marker).sum() == m + n // section
+      np.testing.assert_array_equal(x[is_salient], after)
+      # Every section holds m / sections of them, none right after its
+      # declaration; the rest is one window of the split's text, in order.
+      per = np.add.reduceat(is_salient, np.arange(0, n, section))
+      np.testing.assert_array_equal(per, m // (n // section))
+      assert not is_salient[np.arange(0, n, section) + 1].any()
+      assert _contains(train_text, np.array(text))
+
+
+def test_recorded_positions_and_the_rule_agree(shared_cache_dir, papers_dir):
+  del shared_cache_dir
+  layout, stream = se.examples(input_len=48, n_salient=6, vocab_size=V,
+                               papers_dir=papers_dir, declare_every=16)
+  assert (layout.section, layout.per_section, layout.text_len) == (16, 2, 13)
+  for x, y, info in itertools.islice(stream, 5):
+    np.testing.assert_array_equal(np.flatnonzero(se.salient_positions(x, 16)),
+                                  info['salient_pos'])
+    np.testing.assert_array_equal(x[info['marker_pos']], info['marker'])
+    np.testing.assert_array_equal(y[:-1], x[info['salient_pos']])
+
+
+def test_deterministic_by_seed_and_split(shared_cache_dir, papers_dir):
+  del shared_cache_dir
+  take = lambda **kw: list(itertools.islice(_stream(papers_dir, **kw), 2))
+  a, b = take(seed=3), take(seed=3)
+  for x, y in zip(a, b):
+    for u, v in zip(x, y):
+      np.testing.assert_array_equal(u, v)
+  assert not np.array_equal(a[0][0], take(seed=4)[0][0])
+  assert not np.array_equal(a[0][0], take(seed=3, split='validation')[0][0])
+
+
+@pytest.mark.parametrize('split', ['validation', 'test'])
+def test_held_out_splits_read_other_papers(shared_cache_dir, papers_dir,
+                                           split):
+  del shared_cache_dir
+  ids = {s: {p['id'] for p in aclsum_papers.load_split(s, papers_dir)}
+         for s in ('train', split)}
+  assert ids['train'] and ids[split] and not ids['train'] & ids[split]
+  own, train = _split_text(papers_dir, split), _split_text(papers_dir, 'train')
+  for inputs, _, _ in itertools.islice(
+      _stream(papers_dir, split=split, input_len=32, n_salient=2), 2):
+    for x in inputs:
+      _, _, text = _read(x, 32)
+      assert _contains(own, np.array(text))
+      assert not _contains(train, np.array(text))
+
+
+@pytest.mark.parametrize('kwargs,match', [
+    (dict(declare_every=24), 'divides input_len'),
+    (dict(declare_every=16, n_salient=6), 'multiple of the 4 sections'),
+    (dict(input_len=8, n_salient=6), 'too short'),
+    (dict(n_salient=0), 'n_salient'),
+    (dict(split='dev'), 'split'),
+    (dict(batch_size=0), 'batch_size')])
+def test_bad_settings_are_one_line_errors(shared_cache_dir, papers_dir, kwargs,
+                                          match):
+  del shared_cache_dir
+  with pytest.raises(TerraformerError, match=match):
+    next(_stream(papers_dir, **kwargs))
