@@ -503,7 +503,8 @@ JUNIT = """<?xml version="1.0" encoding="utf-8"?>
 <testsuites><testsuite name="pytest" tests="5">
 <testcase classname="tests.layers.test_a" name="test_one" time="1.0">
 <system-out>--------------------------------- Captured Out ---------------------------------
-max |dlogit| 1.19e-06
+step 1/3 | train loss 7.6102
+dense: max |dlogit| 1.19e-06
 </system-out></testcase>
 <testcase classname="tests.layers.test_a" name="test_two" time="1.0">
 <failure message="assert False">boom</failure></testcase>
@@ -525,7 +526,7 @@ def test_pytest_junit_is_a_row_per_test_file(tmp_path):
   assert table == {
       'columns': ['tests', 'passed', 'failed', 'printed (measured)'],
       'rows': [['tests/layers/test_a.py', '1 of 2', 'test_two',
-                'max |dlogit| 1.19e-06'],
+                'dense: max |dlogit| 1.19e-06'],
                ['tests/models/test_b.py', '1 of 2', 'test_d', '–']]}
   assert figures == ['a=1 of 2']
 
