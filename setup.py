@@ -64,10 +64,15 @@ setuptools.setup(
         'Programming Language :: Python :: 3.11',
         'Topic :: Scientific/Engineering :: Artificial Intelligence',
     ],
-    packages=setuptools.find_packages(include=['terraformer', 'terraformer.*']),
+    # The repository's gin/ travels as terraformer/gin_configs, where an
+    # installed terraformer.config finds it (GIN_DIR).
+    packages=setuptools.find_packages(include=['terraformer', 'terraformer.*'])
+    + ['terraformer.gin_configs'],
+    package_dir={'terraformer.gin_configs': 'gin'},
     # The kernels' source travels in the sdist whether or not this build
     # found the headers to compile it (a wheel built from the sdist does).
-    package_data={'terraformer.kernels': ['decode_kernels.cc']},
+    package_data={'terraformer.kernels': ['decode_kernels.cc'],
+                  'terraformer.gin_configs': ['*/*.gin', '*/*/*.gin']},
     ext_modules=_kernels,
     python_requires='>=3.11,<3.12',
     install_requires=[

@@ -26,10 +26,16 @@ from terraformer import errors
 TRAX_CONFIGURABLE_MODULES = (
     'trax.models', 'trax.optimizers', 'trax.supervised.lr_schedules')
 
-# The repository's gin/ folder: `include 'scaling_800m/base.gin'` resolves
-# against it (and against each config file's folder and that folder's parent).
-GIN_DIR = os.path.join(os.path.dirname(os.path.dirname(
-    os.path.abspath(__file__))), 'gin')
+# The gin/ folder: `include 'scaling_800m/base.gin'` resolves against it (and
+# against each config file's folder and that folder's parent). In a checkout
+# it is the repository's gin/; an installed wheel carries it as the package
+# folder terraformer/gin_configs (setup.py), since the folder beside an
+# installed package is site-packages/gin, gin-config's own.
+_PACKAGED_GIN_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)),
+                                 'gin_configs')
+GIN_DIR = (_PACKAGED_GIN_DIR if os.path.isdir(_PACKAGED_GIN_DIR) else
+           os.path.join(os.path.dirname(os.path.dirname(
+               os.path.abspath(__file__))), 'gin'))
 
 
 def register_configurables():

@@ -163,3 +163,42 @@ def test_package_metadata(setup_kwargs):
       'decode_kernels.cc']
   assert os.path.isfile(os.path.join(ROOT, 'terraformer', 'kernels',
                                      'decode_kernels.cc'))
+
+
+def test_the_wheel_carries_every_gin_file(setup_kwargs):
+  """gin/ travels as the package folder terraformer/gin_configs (an installed
+  terraformer.config finds its configs there): every gin file of the
+  repository matches one of its package_data patterns."""
+  import fnmatch  # pylint: disable=import-outside-toplevel
+  assert 'terraformer.gin_configs' in setup_kwargs['packages']
+  assert setup_kwargs['package_dir']['terraformer.gin_configs'] == 'gin'
+  patterns = setup_kwargs['package_data']['terraformer.gin_configs']
+  gin_dir = os.path.join(ROOT, 'gin')
+  files = [os.path.relpath(os.path.join(d, f), gin_dir)
+           for d, _, names in os.walk(gin_dir) for f in names
+           if f.endswith('.gin')]
+  assert len(files) > 100
+  # fnmatch's * also crosses '/': compare the depth too.
+  missed = [f for f in files if not any(
+      fnmatch.fnmatch(f, p) and f.count('/') == p.count('/')
+      for p in patterns)]
+  assert not missed, missed
+
+
+def test_an_installed_package_reads_its_own_gin_configs(tmp_path):
+  """terraformer.config's GIN_DIR: the wheel's terraformer/gin_configs when
+  the package has one (site-packages/gin beside it is gin-config's own),
+  else the checkout's gin/."""
+  import importlib.util  # pylint: disable=import-outside-toplevel
+  package = tmp_path / 'site-packages' / 'terraformer'
+  (package / 'gin_configs').mkdir(parents=True)
+  (tmp_path / 'site-packages' / 'gin').mkdir()  # gin-config's package
+  source = os.path.join(ROOT, 'terraformer', 'config.py')
+  copy = package / 'config.py'
+  copy.write_text(open(source, encoding='utf-8').read())
+  spec = importlib.util.spec_from_file_location('config_copy', copy)
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  assert module.GIN_DIR == str(package / 'gin_configs')
+  from terraformer import config  # pylint: disable=import-outside-toplevel
+  assert config.GIN_DIR == os.path.join(ROOT, 'gin')
