@@ -68,21 +68,6 @@ def _precheck(flag_values):
     raise errors.TerraformerError('give --output_dir (a run) or --row')
 
 
-def _bound(name, default):
-  import gin  # pylint: disable=g-import-not-at-top
-  for key in (f'eval/{name}', name):
-    try:
-      value = gin.query_parameter(key)
-    except ValueError:
-      continue
-    # A macro (`declare_every = %SECTION`) is a reference: its value.
-    while (isinstance(value, gin.config.ConfigurableReference)
-           and value.evaluate):
-      value = value.scoped_configurable_fn()
-    return value
-  return default
-
-
 def _table(flag_values):
   from terraformer.evaluation import extraction  # pylint: disable=g-import-not-at-top
   report = {'models': {}}
@@ -124,7 +109,7 @@ def _score(flag_values):
   result = extraction.score(
       batches, extraction.model_decode(predict, eos_id),
       extraction.model_winners(model), eos_id,
-      _bound(f'{STREAM}.declare_every', None))
+      vocab_lib.gin_binding(f'{STREAM}.declare_every', scopes=('eval/', '')))
   print(json.dumps(dict(output_dir=flag_values.output_dir,
                         split=flag_values.split, step=int(step), **result)))
 

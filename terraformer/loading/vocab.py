@@ -23,10 +23,11 @@ def text_vocab(vocab_size=gin.REQUIRED, vocab_path=None, papers_dir=None):
   return vocab_lib.get_vocab(vocab_size, vocab_path, papers_dir)
 
 
-def _bound(*names):
-  """The first gin binding among `names` (e.g. 'seq2seq_stream.input_len')."""
+def gin_binding(*names, scopes=('', 'train/')):
+  """The first gin binding among `names` (e.g. 'seq2seq_stream.input_len'),
+  each looked up in `scopes` in order; a macro's value; None if unbound."""
   for name in names:
-    for scope in ('', 'train/'):
+    for scope in scopes:
       try:
         value = gin.query_parameter(scope + name)
       except ValueError:
@@ -42,8 +43,8 @@ def _bound(*names):
 def training_lengths():
   """(input_len, target_len) of the gin-bound seq2seq data (or None)."""
   streams = ('summarization_stream', 'seq2seq_stream', 'c4_stream')
-  return (_bound(*(f'{s}.input_len' for s in streams)),
-          _bound(*(f'{s}.target_len' for s in streams)))
+  return (gin_binding(*(f'{s}.input_len' for s in streams)),
+          gin_binding(*(f'{s}.target_len' for s in streams)))
 
 
 def encode_input(vocab, text, input_len):
