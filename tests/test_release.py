@@ -188,17 +188,24 @@ def test_the_wheel_carries_every_gin_file(setup_kwargs):
 def test_an_installed_package_reads_its_own_gin_configs(tmp_path):
   """terraformer.config's GIN_DIR: the wheel's terraformer/gin_configs when
   the package has one (site-packages/gin beside it is gin-config's own),
-  else the checkout's gin/."""
+  else the checkout's gin/ beside the package."""
   import importlib.util  # pylint: disable=import-outside-toplevel
-  package = tmp_path / 'site-packages' / 'terraformer'
-  (package / 'gin_configs').mkdir(parents=True)
-  (tmp_path / 'site-packages' / 'gin').mkdir()  # gin-config's package
   source = os.path.join(ROOT, 'terraformer', 'config.py')
-  copy = package / 'config.py'
-  copy.write_text(open(source, encoding='utf-8').read())
-  spec = importlib.util.spec_from_file_location('config_copy', copy)
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  assert module.GIN_DIR == str(package / 'gin_configs')
-  from terraformer import config  # pylint: disable=import-outside-toplevel
-  assert config.GIN_DIR == os.path.join(ROOT, 'gin')
+
+  def gin_dir(root, packaged):
+    package = root / 'terraformer'
+    package.mkdir(parents=True)
+    (root / 'gin').mkdir()  # gin-config's package, or a checkout's gin/
+    if packaged:
+      (package / 'gin_configs').mkdir()
+    copy = package / 'config.py'
+    copy.write_text(open(source, encoding='utf-8').read())
+    spec = importlib.util.spec_from_file_location('config_copy', copy)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.GIN_DIR
+
+  assert gin_dir(tmp_path / 'site-packages', True) == str(
+      tmp_path / 'site-packages' / 'terraformer' / 'gin_configs')
+  assert gin_dir(tmp_path / 'checkout', False) == str(
+      tmp_path / 'checkout' / 'gin')
