@@ -2,7 +2,7 @@
 # Every decoding table: the decode_* experiments behind docs/decoding-speed.md,
 # docs/decoding.md and the README's decode rows, one after another into
 # OUT/NAME (each its own results/NAME.json), then the pages rendered from
-# them (scripts/results.py). The timed ones run first and need a quiet
+# them (tools/results.py). The timed ones run first and need a quiet
 # machine; the untimed ones (XLA operations, agreement) follow, two at a time
 # on separate cores. About 1.3 hours on the 2-core CPU and ~16 GiB of memory.
 # A rerun into the same OUT reuses what each experiment finished (delete
@@ -29,5 +29,5 @@ taskset -c 1 bash experiments/decode_agreement.sh "$out/decode_agreement"
 wait "$xla_ops"
 echo "== $(date +%T) decode_agreement_trained"
 bash experiments/decode_agreement_trained.sh "$out/decode_agreement_trained"
-.venv/bin/python scripts/results.py
+.venv/bin/python tools/results.py
 echo "== $(date +%T) done: results/decode_*.json, the pages rendered"

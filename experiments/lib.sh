@@ -24,7 +24,7 @@
 #                             trained on there: terraformer-ood
 #                             --output_dir=TO --cells=CELL --seeds=SEEDS ARGS
 #   tabulate MODE ID INPUT... [OPTIONS]
-#                             scripts/experiment_tables.py MODE: the table
+#                             tools/experiment_tables.py MODE: the table
 #                             $out/ID.json of what a CLI wrote, and its figures
 #                             (--figure), both kept for `record`
 #   main_job_validation       sets eval_args (the main job's decoding of the
@@ -47,7 +47,7 @@
 #                             with names in `missing`: says to run them
 #                             (VAR=..., default SETTINGS) and exits 0,
 #                             writing no table
-#   record ARGS...            scripts/results.py record NAME with every table and
+#   record ARGS...            tools/results.py record NAME with every table and
 #                             figure `tabulate` kept, and ARGS; the short
 #                             version records nothing
 set -euo pipefail
@@ -138,7 +138,7 @@ resume_ood() {
 tabulate() {
   local mode=$1 id=$2 line
   shift 2
-  .venv/bin/python scripts/experiment_tables.py "$mode" --out="$out/$id.json" \
+  .venv/bin/python tools/experiment_tables.py "$mode" --out="$out/$id.json" \
     --figures="$out/$id.figures" "$@"
   tabulated+=(--table="$id=$out/$id.json")
   while IFS= read -r line; do
@@ -201,5 +201,5 @@ record() {
     echo "(short version: results/$NAME.json not written)"
     return
   fi
-  .venv/bin/python scripts/results.py record "$NAME" "${tabulated[@]}" "$@"
+  .venv/bin/python tools/results.py record "$NAME" "${tabulated[@]}" "$@"
 }

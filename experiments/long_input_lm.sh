@@ -11,7 +11,7 @@
 #   2. Full attention vs causal CST (gin/long_input/lm_recall8_cst.gin: L 8,
 #      α 1, a causal local window of 8 keys), seeds 0 and 1: full to 2500 steps (seed 0
 #      is the LocalConv run of 1 trained on), CST to 2500 and then 5000.
-# Exact match and token accuracy by scripts/long_input_eval.py (256
+# Exact match and token accuracy by experiments/long_input_eval.py (256
 # validation rows) at each scored step; eval log-perplexity by step from
 # terraformer-export.
 #
@@ -49,7 +49,7 @@ train() {
     banner "$run: $gin, seed $seed, to step $step"
     once "$out/$run/steps$step.done" .venv/bin/terraformer-train "${config[@]}" \
       --config="terraformer.train.steps=$step" --output_dir="$out/$run"
-    into "$out/$run/eval_$step.json" .venv/bin/python scripts/long_input_eval.py \
+    into "$out/$run/eval_$step.json" .venv/bin/python experiments/long_input_eval.py \
       "${config[@]}" --output_dir="$out/$run" --batches=8
   done
 }

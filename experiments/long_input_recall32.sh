@@ -12,7 +12,7 @@
 # (keyed_scored.gin) for Pyramidion and for full attention (seed 0); the tiny
 # Terraformer with full and with LSH attention (1 decoder block; keyed stage
 # 10000 steps, then values to 21000; seeds 0, 1). Each run is scored by
-# scripts/long_input_eval.py (exact match and token accuracy on 256
+# experiments/long_input_eval.py (exact match and token accuracy on 256
 # validation examples, after each stage; pooled encoders: which tokens the
 # first pooling keeps), and the curves by terraformer-export (eval
 # log-perplexity by step). It prints these; results/long_input_recall32.json
@@ -76,14 +76,14 @@ for spec in "${runs[@]}"; do
   once "$out/${run}_keyed/stage1.done" .venv/bin/terraformer-train "${files[@]}" \
     --config_file="$G/$stage1.gin" "${extra[@]}" ${keyed_at[@]+"${keyed_at[@]}"} \
     --output_dir="$out/${run}_keyed"
-  into "$out/${run}_keyed/stage1_eval.json" .venv/bin/python scripts/long_input_eval.py \
+  into "$out/${run}_keyed/stage1_eval.json" .venv/bin/python experiments/long_input_eval.py \
     "${files[@]}" --config_file="$G/$stage1.gin" "${extra[@]}" \
     --output_dir="$out/${run}_keyed" --batches=8 ${kept[@]+"${kept[@]}"}
   banner "$run: stage 2 (values only)"
   branch "$out/${run}_keyed" "$out/$run"
   once "$out/$run/stage2.done" .venv/bin/terraformer-train "${files[@]}" \
     "${extra[@]}" ${total_at[@]+"${total_at[@]}"} --output_dir="$out/$run"
-  into "$out/$run/eval.json" .venv/bin/python scripts/long_input_eval.py \
+  into "$out/$run/eval.json" .venv/bin/python experiments/long_input_eval.py \
     "${files[@]}" "${extra[@]}" --output_dir="$out/$run" --batches=8 \
     ${kept[@]+"${kept[@]}"}
   export_args+=(--logdir="$out/$run" --label="$run")

@@ -71,7 +71,7 @@ while [[ " $runs " == *" seed"* ]]; do
     "--config=terraformer.train.checkpoint_every = $eval_every" \
     "--config=terraformer.train.permanent_checkpoint_every = $((chunk / 2))"
   (( pre < max_pre )) || break
-  if (( pre > chunk )) && .venv/bin/python scripts/long_setting.py plateau \
+  if (( pre > chunk )) && .venv/bin/python experiments/long_setting.py plateau \
       --logdir="$out/pretrain" --step="$pre" --window="$chunk" \
       --min_drop="$min_drop"; then
     break
@@ -102,7 +102,7 @@ for run in $runs; do
       fi
     done
     grep -A 1 '^F1' "$dir/eval_validation_step$ft.txt" || true
-    if .venv/bin/python scripts/long_setting.py early_stop --dir="$dir" \
+    if .venv/bin/python experiments/long_setting.py early_stop --dir="$dir" \
         --patience="$patience"; then
       break
     fi
@@ -117,7 +117,7 @@ banner "the curve -> $export_dir"
 mkdir -p "$export_dir"
 .venv/bin/terraformer-export --logdir="$out/pretrain" --label='masked-word pretraining' \
   --out="$export_dir/pretrain" --metrics='^eval/'
-.venv/bin/python scripts/long_setting.py curve --cpu="$cpu" --out="$out/points.json" \
+.venv/bin/python experiments/long_setting.py curve --cpu="$cpu" --out="$out/points.json" \
   --plot="$export_dir/rouge2_vs_cpu_hours.png" --csv="$export_dir/points.csv" \
   --run="pretrained, seed 0=$out/finetune_seed0" \
   --run="pretrained, seed 1=$out/finetune_seed1" \

@@ -7,7 +7,7 @@
 # and both addends 16 digits long; at L = 4 a 6-layer encoder and the
 # Terraformer (`add_terraformer_sru_full_sinusoidal`). For each run: greedy
 # accuracy (terraformer-ood's table), the accuracy of the digits by what they
-# need (scripts/ood_digit_regions.py: both addends, one addend, carry, EOS)
+# need (experiments/ood_digit_regions.py: both addends, one addend, carry, EOS)
 # and the teacher-forced accuracy by step (terraformer-export's table).
 # It prints these; results/ood_addition_length.json (tables length and l16)
 # holds them as transcribed from such a run (no CLI writes that table whole).
@@ -65,7 +65,7 @@ for spec in "${runs[@]}"; do
     "${every[@]}" --config="terraformer.train.steps=$steps" \
     ${config[@]+"${config[@]}"}
   banner "$run: digits by what they need"
-  into "$out/$run/regions.json" .venv/bin/python scripts/ood_digit_regions.py \
+  into "$out/$run/regions.json" .venv/bin/python experiments/ood_digit_regions.py \
     --cell="$cell" --output_dir="$out/$run/${cell}_seed0" \
     ${examples[@]+"${examples[@]}"} ${config[@]+"${config[@]}"}
   export_args+=(--logdir="$out/$run/${cell}_seed0" --label="$run ($cell)")

@@ -6,7 +6,7 @@
 # Terraformer as Trax configures it (LSH, fixed-base positions, reversible,
 # low-rank SRU, dropout 0.05) and its ablations: one cell (gin/ood/CELL.gin)
 # per row; the full-attention fixed-base cell also trained to 12000 steps.
-# Then scripts/ood_decode_vs_eval.py on the LSH cell with sinusoidal
+# Then experiments/ood_decode_vs_eval.py on the LSH cell with sinusoidal
 # positions: does decoding compute what evaluation does?
 #
 # Cost: about 6 core-hours on the 2-core CPU (the LSH cells compile their
@@ -58,7 +58,7 @@ record
 
 if [[ -z "$SHORT" ]]; then
   banner "LSH decoding vs evaluation, copy_terraformer_sru_sinusoidal"
-  into "$out/decode_vs_eval.txt" .venv/bin/python scripts/ood_decode_vs_eval.py \
+  into "$out/decode_vs_eval.txt" .venv/bin/python experiments/ood_decode_vs_eval.py \
     --cell=copy_terraformer_sru_sinusoidal --seed=0 \
     --output_dir="$out/l16/copy_terraformer_sru_sinusoidal_seed0"
 fi

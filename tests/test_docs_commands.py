@@ -7,7 +7,7 @@ CLIs (in-process) and one gin parse of the bindings (in a subprocess).
 
 A command is a line of a fenced block, or an inline code span, that starts
 (after `VAR=value` assignments) with `bash`, `sh`, `python`, `.venv/bin/...`,
-`terraformer-...`, `scripts/...` or `experiments/...`. Placeholders (`DIR`,
+`terraformer-...`, `scripts/...`, `tools/...` or `experiments/...`. Placeholders (`DIR`,
 `<x>`, `$VAR`, `[...]`, `...`) are not checked; what is concrete around them is.
 """
 import ast
@@ -27,8 +27,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PAGES = [os.path.join(ROOT, p) for p in ('README.md', 'CONTRIBUTING.md')] + sorted(
     glob.glob(os.path.join(ROOT, 'docs', '*.md')))
 # Folders of the repository whose paths a command may name as inputs.
-REPO_DIRS = ('gin/', 'scripts/', 'experiments/', 'docs/', 'results/',
-             'tests/', 'terraformer/', 'tensorboard_exports/')
+REPO_DIRS = ('gin/', 'scripts/', 'tools/', 'experiments/', 'docs/',
+             'results/', 'tests/', 'terraformer/', 'tensorboard_exports/')
 # Flags whose value is written, not read: it need not exist.
 OUTPUT_FLAGS = {'output_dir', 'out', 'plot', 'json', 'profile_dir',
                 'work_dir', 'logdir'}
@@ -40,7 +40,7 @@ PREFIXES = {'time', 'nohup', 'env', 'exec', 'do', 'then', 'else', 'if',
             'while', 'until', '!', '{'}
 START = re.compile(
     r'^(bash|sh|python3?|\.venv/bin/\S+|terraformer-[a-z-]+|scripts/\S+|'
-    r'experiments/\S+)$')
+    r'tools/\S+|experiments/\S+)$')
 ASSIGNMENT = re.compile(r'^[A-Za-z_][A-Za-z0-9_]*=')
 # `DIR`, `TRAX_RUN`, `K` of `K_bf16.gin`: a name the text stands in for.
 PLACEHOLDER_WORD = re.compile(r'^[A-Z][A-Z0-9]*(_\w*)?$')
@@ -251,7 +251,7 @@ class Checker:
         name, args = args[0], args[1:]
       else:
         args = []
-    elif program.startswith(('scripts/', 'experiments/')):
+    elif program.startswith(('scripts/', 'tools/', 'experiments/')):
       self._need(program, problems)
       if program.endswith('.py') and self._exists(program):
         cli_flags_ = script_flags(os.path.join(self.root, program))
@@ -372,7 +372,7 @@ def test_experiments_call_only_what_exists(problems, script):
 LABELS = re.compile('|'.join([r'(?<![a-z])sessions?[ _-]?[0-9]', r'\bstop [0-9]',
                               r'\bissues? [0-9]', '~' + '/runs']), re.I)
 LABEL_PATHS = ('README.md', 'CONTRIBUTING.md', 'CHANGELOG.md', 'setup.py',
-               'docs', 'gin', 'terraformer', 'tests', 'scripts',
+               'docs', 'gin', 'terraformer', 'tests', 'scripts', 'tools',
                'experiments', 'results', 'tensorboard_exports')
 TEXT = ('.md', '.py', '.gin', '.sh', '.json', '.cc', '.txt', '.toml', '.ini',
         '.csv')
@@ -445,12 +445,12 @@ terraformer-train --config_file=gin/tiny/missing.gin --config=terraformer.train.
   --config='terraformer.train.no_such_parameter = 3' && terraformer-nope --x
 terraformer-train: error: printed output, not a command
 terraformer-ood --output_dir=~/out/x --cells=copy_transformer,copy_nothing --seeds=0,1 > log.txt
-.venv/bin/python scripts/results.py record x --table t=a.json --nope
+.venv/bin/python tools/results.py record x --table t=a.json --nope
 .venv/bin/python - 3 <<'PY'
 bash scripts/inside_the_heredoc.sh
 PY
 terraformer-decode --config_file=OUR.gin --output_dir=DIR --input='...' --no_such
-scripts/results.py --check --bogus
+tools/results.py --check --bogus
 ```
 """
 
@@ -471,7 +471,7 @@ def test_extract_finds_the_commands_of_fences_and_code_spans():
       (8, 'terraformer-nope'),
       (11, 'terraformer-ood'), (12, '.venv/bin/python'),
       (13, '.venv/bin/python'), (16, 'terraformer-decode'),
-      (17, 'scripts/results.py')]
+      (17, 'tools/results.py')]
   assert found[2][1] == [
       '.venv/bin/terraformer-train', '--config_file=gin/tiny/lm_sparse.gin',
       '--config=terraformer.train.steps = 300', '--output_dir=$OUT',
@@ -493,10 +493,10 @@ def test_the_check_finds_what_does_not_exist():
       ['no CLI terraformer-nope in setup.py console_scripts'],
       ['a path outside the repository (~/...)',
        'no OOD cell file gin/ood/copy_nothing.gin'],
-      ['scripts/results.py has no flag --nope'],
+      ['tools/results.py has no flag --nope'],
       [],
       ['terraformer-decode has no flag --no_such'],
-      ['scripts/results.py has no flag --bogus']]
+      ['tools/results.py has no flag --bogus']]
   assert [b for _, b in checker.bindings] == [
       'terraformer.train.steps = 300', 'terraformer.train.steps = None',
       'terraformer.train.no_such_parameter = 3']
@@ -519,5 +519,5 @@ def test_the_flags_of_a_cli_and_of_a_script():
   assert 'no_such_flag' not in train
   info = cli_flags('terraformer-info', console_scripts()['terraformer-info'])
   assert {'json', 'nojson'} <= info
-  results = script_flags(os.path.join(ROOT, 'scripts', 'results.py'))
+  results = script_flags(os.path.join(ROOT, 'tools', 'results.py'))
   assert {'check', 'root', 'table', 'figure', 'caption'} <= results

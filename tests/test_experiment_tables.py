@@ -1,4 +1,4 @@
-"""scripts/experiment_tables.py: the CLIs' output as the docs' tables, and
+"""tools/experiment_tables.py: the CLIs' output as the docs' tables, and
 the figures named from them.
 
 The bench input is a committed `terraformer-bench --json` file; its expected
@@ -6,7 +6,7 @@ cells are those the CLI's own text table printed in the same run (quoted in
 tests/fixtures/bench_17b_int8.md). The other inputs are written
 here in the shapes the CLIs write (terraformer-ood's ood_result.json,
 terraformer-eval's summary, terraformer-memory-bench / -info / -topk-bench
---json, scripts/long_input_eval.py's line); their expected cells are worked
+--json, experiments/long_input_eval.py's line); their expected cells are worked
 out by hand from those inputs.
 """
 import json
@@ -16,7 +16,7 @@ import sys
 import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.join(ROOT, 'scripts'))
+sys.path.insert(0, os.path.join(ROOT, 'tools'))
 import experiment_tables as tables  # pylint: disable=wrong-import-position
 
 BENCH_17B = os.path.join(ROOT, 'tests', 'fixtures', 'bench_17b_int8.json')

@@ -17,7 +17,7 @@ import sys
 import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.join(ROOT, 'scripts'))
+sys.path.insert(0, os.path.join(ROOT, 'tools'))
 import experiment_tables  # pylint: disable=wrong-import-position
 import results  # pylint: disable=wrong-import-position
 
@@ -104,7 +104,7 @@ def test_an_experiment_sets_its_name_sources_lib_and_states_its_header(name):
 @pytest.mark.parametrize('name', EXPERIMENTS)
 def test_tables_and_records_use_only_what_the_scripts_take(name):
   """`tabulate MODE ID ...` names a mode and flags of
-  scripts/experiment_tables.py; `record` flags of `results.py record`."""
+  tools/experiment_tables.py; `record` flags of `results.py record`."""
   text = _text(name)
   tabulate = experiment_tables._parser()  # pylint: disable=protected-access
   known = {a.dest for a in tabulate._actions}  # pylint: disable=protected-access
@@ -159,15 +159,15 @@ def _executable(path, text):
 @pytest.fixture
 def demo(tmp_path):
   """A copy of the repository's layout: experiments/lib.sh (the real one)
-  and experiments/demo.sh, scripts/results.py and experiment_tables.py (the
+  and experiments/demo.sh, tools/results.py and experiment_tables.py (the
   real ones), scripts/env.sh and the CLIs (stubs that log their calls)."""
   repo = tmp_path / 'repo'
   (repo / 'experiments').mkdir(parents=True)
-  (repo / 'scripts').mkdir()
+  (repo / 'tools').mkdir()
   shutil.copy(os.path.join(ROOT, 'experiments', 'lib.sh'),
               repo / 'experiments')
   for script in ('results.py', 'experiment_tables.py'):
-    shutil.copy(os.path.join(ROOT, 'scripts', script), repo / 'scripts')
+    shutil.copy(os.path.join(ROOT, 'tools', script), repo / 'tools')
   (repo / 'experiments' / 'demo.sh').write_text(DEMO)
   calls = tmp_path / 'calls.log'
   _executable(repo / 'scripts' / 'env.sh',

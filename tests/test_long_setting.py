@@ -1,6 +1,6 @@
-"""scripts/long_setting.py: when the long setting's pretraining and
+"""experiments/long_setting.py: when the long setting's pretraining and
 fine-tuning stop, and its points of ROUGE against CPU-hours; the `curve`
-table of scripts/experiment_tables.py made from them.
+table of tools/experiment_tables.py made from them.
 
 The inputs are written here in the shapes their makers write (Trax's
 jaxboard events, terraformer-eval's summaries, /usr/bin/time's lines); the
@@ -14,7 +14,8 @@ import pytest
 from trax import jaxboard
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.join(ROOT, 'scripts'))
+sys.path.insert(0, os.path.join(ROOT, 'tools'))
+sys.path.insert(0, os.path.join(ROOT, 'experiments'))
 import experiment_tables as tables  # pylint: disable=wrong-import-position
 import long_setting  # pylint: disable=wrong-import-position
 

@@ -2,7 +2,7 @@
 
 The pages are README.md and the docs/*.md that carry generated blocks
 (`<!-- results:NAME/TABLE -->` ... `<!-- /results -->`, filled from
-results/*.json by scripts/results.py). Their prose is the text outside those
+results/*.json by tools/results.py). Their prose is the text outside those
 blocks, outside fenced code blocks, inline code spans, HTML comments, link
 targets (`](...)`) and URLs.
 

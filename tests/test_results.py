@@ -1,6 +1,6 @@
-"""scripts/results.py: the pages' results blocks come from results/*.json.
+"""tools/results.py: the pages' results blocks come from results/*.json.
 
-The committed README.md and docs/*.md must be what `scripts/results.py`
+The committed README.md and docs/*.md must be what `tools/results.py`
 renders from the committed results files (test_the_committed_pages_...).
 """
 import datetime
@@ -13,7 +13,7 @@ import sys
 import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-SCRIPT = os.path.join(ROOT, 'scripts', 'results.py')
+SCRIPT = os.path.join(ROOT, 'tools', 'results.py')
 
 _spec = importlib.util.spec_from_file_location('results_script', SCRIPT)
 results = importlib.util.module_from_spec(_spec)
@@ -66,7 +66,7 @@ README_BODY = """| result | ours | paper | page |
 | --- | --- | --- | --- |
 | Table 4 copy OOD | 6.4% | 79.8% (Table 4) | [ood](docs/ood.md#copy) |
 
-Generated from `results/*.json` by `.venv/bin/python scripts/results.py`.
+Generated from `results/*.json` by `.venv/bin/python tools/results.py`.
 """
 
 
@@ -327,7 +327,7 @@ def test_the_script_runs_on_its_own(tmp_path):
 
 def test_the_committed_pages_are_what_the_results_files_render(capsys):
   """README.md's table and the docs' tables differ from results/*.json:
-  run `.venv/bin/python scripts/results.py` and commit the pages."""
+  run `.venv/bin/python tools/results.py` and commit the pages."""
   code = results.main(['--check', '--root', ROOT])
   out, err = capsys.readouterr()
   assert code == 0, out + err

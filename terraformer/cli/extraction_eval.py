@@ -13,7 +13,7 @@ pooling's recall of the salient positions (`terraformer.evaluation.
 extraction`).
 
 With --row (Pyramidion's scorer ablation, experiments/long_input_scorers.sh):
-prints the table `{"columns": [...], "rows": [...]}` that scripts/results.py
+prints the table `{"columns": [...], "rows": [...]}` that tools/results.py
 records: per row (LABEL; MODEL, the row's name in the --bench report of
 terraformer-memory-bench --json, or '-'; LEN, its input length there; the
 run folders, one per seed, or none) the test scores at each run's step

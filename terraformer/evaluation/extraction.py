@@ -19,7 +19,7 @@ decoded greedily (no teacher forcing; `model_decode`) and scored with:
 
 `choose_on_validation` picks a run's scored step by validation token F1 and
 `scorers_table` makes the experiment's table (`{"columns", "rows"}`, as
-scripts/results.py records it) from the runs of each row (seeds) and the
+tools/results.py records it) from the runs of each row (seeds) and the
 memory bench's compiled memory and step time.
 """
 import collections

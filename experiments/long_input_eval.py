@@ -1,6 +1,6 @@
 """Exact match and token accuracy of a trained long-range recall model.
 
-  PYTHONPATH=. .venv/bin/python scripts/long_input_eval.py \
+  PYTHONPATH=. .venv/bin/python experiments/long_input_eval.py \
     --config_file=gin/long_input/full.gin --output_dir=RUN_DIR [--batches=16]
 
 Loads the run's last checkpoint, reads `--batches` batches of the gin eval

@@ -6,7 +6,7 @@ JSON of their own shape (terraformer-bench's `{"models": [...]}`,
 terraformer-ood's run folders, terraformer-eval's summary, ...) or a Markdown
 table (terraformer-export's table.md). This turns one such output into
 `{"columns": [...], "rows": [[...]]}`, the cells formatted as the docs show
-them: the table `scripts/results.py record NAME --table ID=T.json` takes.
+them: the table `tools/results.py record NAME --table ID=T.json` takes.
 
   experiment_tables.py MODE --out=T.json INPUT... [--label=NAME=TEXT ...]
       [--paper=NAME=TEXT ...] [--columns=A,B,...] [--figure=ID=SPEC ...]
@@ -26,7 +26,7 @@ model's name); --columns keeps these columns in this order; --figure SPEC is
 a cell ROW:COLUMN (ROW by its first cell), the mean of several rows' cells
 ROW1|ROW2:COLUMN, or a difference of two such, `A:COLUMN - B:COLUMN`.
 
-It lives in scripts/, beside scripts/results.py, whose JSON reading, Markdown
+It lives in tools/, beside results.py, whose JSON reading, Markdown
 tables and one-line errors it uses: the two are the stdlib-only path from a
 CLI's output to the committed results files. A mistake (a missing file, a run
 without its result, JSON of another shape) is one line on stderr and exit
@@ -39,7 +39,7 @@ import os
 import re
 import sys
 
-import results  # scripts/results.py (this folder is on sys.path).
+import results  # tools/results.py (this folder is on sys.path).
 
 PROG = 'experiment_tables.py'
 EXIT_USAGE = results.EXIT_USAGE
@@ -403,8 +403,8 @@ def settings(pairs, opts):
 
 
 def curve(data, opts):
-  """scripts/long_setting.py curve's points: a row per evaluated step of
-  each fine-tuning run (CPU-hours of training so far, pretraining
+  """experiments/long_setting.py curve's points: a row per evaluated step
+  of each fine-tuning run (CPU-hours of training so far, pretraining
   included), a row per run for the step chosen on validation, then the
   yardsticks of both splits."""
   columns = ['point', 'fine-tuning steps', 'CPU-hours', 'val ROUGE-1',
@@ -615,7 +615,7 @@ def topk(report, opts):
 
 
 # ---------------------------------------------------------------------------
-# scripts/long_input_eval.py
+# experiments/long_input_eval.py
 
 RECALL_SCORES = (('step', 'step', str),
                  ('exact_match', 'exact match', '{:.3f}'.format),
@@ -626,7 +626,7 @@ RECALL_POOLING = (('first_pooling_keeps_facts', 'fact tokens kept'),
 
 
 def recall(pairs, opts):
-  """scripts/long_input_eval.py's line of each run: step, exact match, token
+  """experiments/long_input_eval.py's line of each run: step, exact match, token
   accuracy, and what the first pooling keeps where it was measured
   (--kept_by_pooling)."""
   pooling = [(k, name) for k, name in RECALL_POOLING
@@ -751,7 +751,7 @@ MODES = {
                      "a Markdown table (terraformer-export's table.md)"),
     'rouge': Mode(rouge, 'json',
                   "terraformer-eval's eval_<split>_step<N>.json"),
-    'curve': Mode(curve, 'json', 'scripts/long_setting.py curve --out'),
+    'curve': Mode(curve, 'json', 'experiments/long_setting.py curve --out'),
     'settings': Mode(settings, 'labelled', "LABEL=PATH of terraformer-eval's "
                      'eval_<split>_step<N>.json (one split, several settings)'),
     'params': Mode(params, 'labelled', 'LABEL=PATH of terraformer-info --json'),
@@ -768,7 +768,7 @@ MODES = {
                   'terraformer-memory-bench --layers=... --json'),
     'topk': Mode(topk, 'json', 'terraformer-topk-bench --json (with --k)'),
     'recall': Mode(recall, 'labelled',
-                   "LABEL=PATH of scripts/long_input_eval.py's line"),
+                   "LABEL=PATH of experiments/long_input_eval.py's line"),
 }
 
 

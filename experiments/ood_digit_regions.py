@@ -1,6 +1,6 @@
 """Which digits of a sum does a trained Table 4 addition cell get right?
 
-  PYTHONPATH=. .venv/bin/python scripts/ood_digit_regions.py \
+  PYTHONPATH=. .venv/bin/python experiments/ood_digit_regions.py \
     --cell=add_transformer --output_dir=RUN_DIR [--examples=256] \
     [--config=BINDING ...]
 

@@ -11,9 +11,9 @@ generated blocks whose bodies only this script writes:
 
 Usage (stdlib only, any Python 3):
 
-  scripts/results.py [render] [--root DIR] [PAGE ...]   fill every block (writes)
-  scripts/results.py --check [--root DIR] [PAGE ...]    exit 1 listing the blocks that differ
-  scripts/results.py record NAME --table ID=PATH.json [--table ...]
+  tools/results.py [render] [--root DIR] [PAGE ...]   fill every block (writes)
+  tools/results.py --check [--root DIR] [PAGE ...]    exit 1 listing the blocks that differ
+  tools/results.py record NAME --table ID=PATH.json [--table ...]
       [--figure ID=VALUE ...] [--caption ID=TEXT ...] [--columns ID=a,b,...]
       [--command TEXT] [--short_command TEXT] [--cost TEXT] [--root DIR]
 
@@ -250,7 +250,7 @@ def render_readme_block(results, root):
                   _page_link(row['page'])])
   return (markdown_table(['result', 'ours', 'paper', 'page'], table) + '\n\n'
           'Generated from `results/*.json` by '
-          '`.venv/bin/python scripts/results.py`.\n')
+          '`.venv/bin/python tools/results.py`.\n')
 
 
 def render_text(text, results, root, where):
@@ -319,7 +319,7 @@ def render(root, check=False, out=None, only=None):
         print(f'  {line}', file=out)
     if stale:
       print('blocks that differ from results/*.json (run '
-            '`.venv/bin/python scripts/results.py`):', file=out)
+            '`.venv/bin/python tools/results.py`):', file=out)
       for line in stale:
         print(f'  {line}', file=out)
       return 1

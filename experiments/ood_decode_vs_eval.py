@@ -1,6 +1,6 @@
 """Does decoding compute what evaluation computes? One trained Table 4 cell.
 
-  PYTHONPATH=. .venv/bin/python scripts/ood_decode_vs_eval.py \
+  PYTHONPATH=. .venv/bin/python experiments/ood_decode_vs_eval.py \
     --cell=copy_terraformer_sru_sinusoidal --output_dir=RUN_DIR [--seed=0] \
     [--examples=64] [--config=BINDING ...]
 
