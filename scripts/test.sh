@@ -7,8 +7,8 @@
 # Three workers on the 2-core machine: a worker that waits (on a subprocess,
 # a file, the compilation cache) leaves its core to the third.
 # TEST_WORKERS=0: one process.
-#   --fast  the fast tier: no test marked slow (more than ~15 s; the list
-#           SLOW in tests/conftest.py), `-m 'not slow'`.
+#   --fast  the fast tier: no test marked slow (the list SLOW in
+#           tests/conftest.py, with its threshold), `-m 'not slow'`.
 # Other arguments go to pytest (test paths, -k, -x, ...).
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"

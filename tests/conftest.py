@@ -61,6 +61,8 @@ os.environ['XLA_FLAGS'] = ' '.join(
 
 # The `slow` tier: tests that take more than ~10 s (call and setup) in a run
 # of the suite on the 2-core machine (2 workers; `pytest --durations=0`).
+# This is where the threshold is stated; pytest.ini, scripts/test.sh and
+# CONTRIBUTING.md refer to it here.
 # `bash scripts/test.sh --fast` (`-m 'not slow'`) leaves them out. One list,
 # here: node ids relative to tests/, or their prefixes (a file, a test, a
 # parametrized case). tests/test_tiers.py fails on an entry that matches no
