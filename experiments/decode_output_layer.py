@@ -3,9 +3,11 @@
 The dense output layer is one [1, d] x [d, V] product; the sparse loss
 (SparseLogits, S modules of M = V / S) is one [S, d] x [d, M] product: S times
 fewer weight bytes, the same d x V multiply-adds. Prints the median time of
-each (jitted, as the decode step runs it) and the rate in GB/s of weights
-read and in multiply-adds per second (docs/decoding-speed.md: why the sparse
-loss does not speed up the 17B step outside the decoder blocks on a CPU).
+each (jitted, as the decode step runs it; timed by the benchmarks' timer,
+`terraformer.benchmarks.decode_speed.call_seconds`) and the rate in GB/s of
+weights read and in multiply-adds per second (docs/decoding-speed.md: why the
+sparse loss does not speed up the 17B step outside the decoder blocks on a
+CPU).
 
   .venv/bin/python experiments/decode_output_layer.py [--d=9216] [--vocab=32100] [--s=4]
       [--json=PATH]
@@ -15,21 +17,17 @@ printed): `bash experiments/decode_output_layer.sh` records it.
 """
 import argparse
 import json
-import time
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
+from terraformer.benchmarks import decode_speed
+
 
 def median_ms(fn, *args, repeats=7):
-  fn(*args).block_until_ready()
-  times = []
-  for _ in range(repeats):
-    start = time.perf_counter()
-    fn(*args).block_until_ready()
-    times.append(time.perf_counter() - start)
-  return 1e3 * float(np.median(times))
+  """The median ms of `fn(*args)`, timed by the benchmarks' timer."""
+  return 1e3 * float(np.median(decode_speed.call_seconds(fn, args, repeats)))
 
 
 def main():

@@ -33,14 +33,21 @@ from terraformer.decoding import step as decode_step
 # Memory bandwidth.
 
 
-def _read_rate(fn, args, size, repeats):
-  """(median, best) GB/s of `fn(*args)` reading `size` bytes."""
+def call_seconds(fn, args, repeats):
+  """Seconds of each of `repeats` calls `fn(*args)` (a jitted function),
+  waited for, after one untimed call (compilation)."""
   fn(*args).block_until_ready()
   times = []
   for _ in range(repeats):
     start = time.perf_counter()
     fn(*args).block_until_ready()
     times.append(time.perf_counter() - start)
+  return times
+
+
+def _read_rate(fn, args, size, repeats):
+  """(median, best) GB/s of `fn(*args)` reading `size` bytes."""
+  times = call_seconds(fn, args, repeats)
   return size / np.median(times) / 1e9, size / min(times) / 1e9
 
 

@@ -158,6 +158,24 @@ def test_probe_keeps_its_matrices_until_closed(monkeypatch):
   assert count == [1, 1]
 
 
+def test_call_seconds_times_each_repeat_after_an_untimed_call(monkeypatch):
+  """One untimed call (compilation), then a time per repeat: the clock
+  read around each waited-for call (experiments/decode_output_layer.py
+  times its products with it)."""
+  clock = iter([1.0, 1.5, 2.0, 4.0, 10.0, 10.25])
+  monkeypatch.setattr(decode_speed.time, 'perf_counter', lambda: next(clock))
+  calls = []
+
+  class Result:
+    def block_until_ready(self):
+      calls.append('waited')
+
+  times = decode_speed.call_seconds(
+      lambda *args: calls.append(args) or Result(), (1, 2), 3)
+  assert times == [0.5, 2.0, 0.25]
+  assert calls == [(1, 2), 'waited'] * 4
+
+
 def test_gemv_bandwidth_is_positive():
   median, best = decode_speed.gemv_bandwidth(megabytes=8, repeats=3)
   assert 0 < median <= best
