@@ -29,6 +29,7 @@ timed bench 4 .venv/bin/terraformer-bench \
   --config_file=gin/bench/terraformer_17b.gin \
   --project_layers=6 --memory_budget_gb=9
 tabulate projection projection "$out/bench.json" \
+  --columns='model,measured ms/token (1 block),ms/block,ms no blocks,projected ms/token,projected MB/token,x bound,speedup (time),speedup (bytes),paper s/token,paper speedup,vs dense,vs dense bound' \
   --label=17b_dense=dense --label=17b_sparse_ff='sparse FF (N=256)' \
   --label=17b_sparse_qkv='sparse QKV (S=64)' \
   --label=17b_sparse_ff_qkv='sparse FF+QKV' \

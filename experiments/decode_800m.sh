@@ -25,6 +25,7 @@ timed bench 8 .venv/bin/terraformer-bench \
   --config_file=gin/scaling_800m/sparse_ff_qkv_loss.gin \
   --config_file=gin/terraformer/c4_800m.gin
 tabulate speed models "$out/bench.json" \
+  --columns='model,ms/token [min-max],ms/block,MB/token,MB/block,bound ms,x bound,speedup,per block,vs dense,vs dense bound' \
   --label=sparse_ff_qkv='sparse FF+QKV' \
   --label=sparse_ff_qkv_loss='sparse FF+QKV+loss (S=4)' \
   --label=c4_800m='Terraformer 800M' \

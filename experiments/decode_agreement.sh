@@ -30,6 +30,8 @@ into "$out/agreement.txt" .venv/bin/terraformer-bench --agreement \
   --config_file=gin/bench/800m_sparse_ff_qkv_loss_kernels_int8.gin \
   --tokens="$tokens" --json="$out/agreement.json"
 tabulate agreement paths "$out/agreement.json" \
+  --columns="model,max |delta logit| vs the first,greedy agreement ($tokens tokens)" \
+  --rename='model=decode path' \
   --label=sparse_ff_qkv_loss='XLA, float32 (reference)' \
   --label=800m_sparse_ff_qkv_loss_kernels='kernels, float32' \
   --label=800m_sparse_ff_qkv_loss_kernels_bf16='kernels, bf16 weights' \

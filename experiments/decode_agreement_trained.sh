@@ -44,9 +44,12 @@ agreement() {
     --prompt_file="$out/paper.txt" --prompt_len=512 --tokens="$tokens" \
     --json="$out/$file.json"
 }
+# The docs' columns: the decode path (the model's label) and its agreement.
+columns=(--columns="model,max |delta logit| vs the first,greedy agreement ($tokens tokens)"
+         --rename='model=decode path')
 banner "every kernel and storage variant vs XLA float32, $tokens tokens"
 agreement agreement xla,ffi,ffi:bfloat16,ffi:int8,ffi:q8,xla:q8
-tabulate agreement variants "$out/agreement.json" \
+tabulate agreement variants "$out/agreement.json" "${columns[@]}" \
   --label=finetune+xla='XLA, float32 (reference)' \
   --label=finetune+ffi='kernels, float32' \
   --label=finetune+ffi_bfloat16='kernels, bf16 weights' \
@@ -58,7 +61,7 @@ tabulate agreement variants "$out/agreement.json" \
 banner "the same, full decoder attention (one kernel call per block in Q8)"
 agreement agreement_full xla,ffi,ffi:q8,xla:q8 \
   --config="Terraformer.decoder_attention_type='full'"
-tabulate agreement variants_full "$out/agreement_full.json" \
+tabulate agreement variants_full "$out/agreement_full.json" "${columns[@]}" \
   --label=finetune+xla='XLA, float32 (reference)' \
   --label=finetune+ffi='kernels, float32' \
   --label=finetune+ffi_q8='kernels, Q8 weights (a block per call)' \

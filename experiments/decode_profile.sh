@@ -34,7 +34,7 @@ into "$out/profile.txt" .venv/bin/terraformer-bench --profile_dir="$out/trace" \
   --config_file=gin/bench/17b_dense_kernels_int8.gin \
   --config=ScalingTransformer.n_decoder_layers=$blocks \
   --config=ScalingTransformer.n_encoder_layers=0 --tokens=$tokens \
-  --json="$out/profile.json"
+  --profile_operations=6 --json="$out/profile.json"
 banner "17B Q8 + kernels, $blocks decoder blocks: profile of $tokens steps"
 into "$out/profile_q8.txt" .venv/bin/terraformer-bench --profile_dir="$out/trace" \
   --config_file=gin/bench/terraformer_17b_kernels_q8.gin \
@@ -43,16 +43,16 @@ into "$out/profile_q8.txt" .venv/bin/terraformer-bench --profile_dir="$out/trace
   --config=Terraformer.n_encoder_layers=1 \
   --config=ScalingTransformer.n_decoder_layers=$blocks \
   --config=ScalingTransformer.n_encoder_layers=0 --tokens=$tokens \
-  --json="$out/profile_q8.json"
+  --profile_operations=8 --json="$out/profile_q8.json"
 labels=(--label=17b_sparse_ff_qkv_loss_kernels_int8='sparse FF+QKV+loss, int8'
         --label=17b_dense_kernels_int8='dense, int8'
         --label=terraformer_17b_kernels_q8='Terraformer 17B, Q8'
         --label=17b_dense_kernels_q8='dense, Q8'
         --label=17b_sparse_ff_qkv_loss_kernels_q8='sparse FF+QKV+loss, Q8')
-tabulate profile step "$out/profile.json" --k=6 "${labels[@]}" \
+tabulate profile step "$out/profile.json" "${labels[@]}" \
   --figure=sparse_int8_wall='sparse FF+QKV+loss, int8:ms' \
   --figure=dense_int8_wall='dense, int8:ms'
-tabulate profile q8 "$out/profile_q8.json" --k=8 "${labels[@]}" \
+tabulate profile q8 "$out/profile_q8.json" "${labels[@]}" \
   --figure=terraformer_q8_wall='Terraformer 17B, Q8:ms' \
   --figure=dense_q8_wall='dense, Q8:ms'
 # full_depth TABLE CONFIG FIGURE [ARGS...]: the profile of $tokens steps of
@@ -63,8 +63,9 @@ full_depth() {
   shift 3
   into "$out/profile_$table.txt" .venv/bin/terraformer-bench \
     --profile_dir="$out/trace_$table" --config_file="gin/bench/$config.gin" \
-    --tokens=$tokens --json="$out/profile_$table.json" "$@"
-  tabulate profile "$table" "$out/profile_$table.json" --k=8 "${labels[@]}" \
+    --tokens=$tokens --profile_operations=8 --json="$out/profile_$table.json" \
+    "$@"
+  tabulate profile "$table" "$out/profile_$table.json" "${labels[@]}" \
     --figure="$figure"
 }
 if [[ -z "$SHORT" ]]; then

@@ -25,7 +25,9 @@
 #                             --output_dir=TO --cells=CELL --seeds=SEEDS ARGS
 #   tabulate MODE ID INPUT... [OPTIONS]
 #                             tools/experiment_tables.py MODE: the table
-#                             $out/ID.json of what a CLI wrote, and its figures
+#                             $out/ID.json (a table a CLI's --json holds, as
+#                             it is, its rows, columns and labels picked; or
+#                             one made of what a CLI wrote), and its figures
 #                             (--figure), both kept for `record`
 #   main_job_validation       sets eval_args (the main job's decoding of the
 #                             validation papers, no repeated token trigram; the

@@ -33,6 +33,7 @@ into "$out/memory_only.json" .venv/bin/terraformer-memory-bench \
   --config_file=$B/long_blockwise.gin --config_file=$B/long_cst.gin \
   --plot="$out/memory_only.png" --json >/dev/null
 tabulate lengths memory "$out/timed.json" "$out/memory_only.json" \
+  --columns='input tokens,full,Pyramidion,LSH,blockwise,CST,full ms,Pyramidion ms' \
   --label=long_full=full --label=long_pyramidion=Pyramidion \
   --label=long_lsh=LSH --label=long_blockwise=blockwise --label=long_cst=CST
 record

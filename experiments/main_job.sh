@@ -42,7 +42,8 @@ job_s=$(( $(date +%s) - start ))
 
 banner "the tables"
 eval_json=$(ls -t "$out"/finetune/eval_test_step*.json | head -n 1)
-tabulate rouge rouge "$eval_json" --figure=model_rouge1='model:ROUGE-1' \
+tabulate rouge rouge "$eval_json" --columns='F1 (%),ROUGE-1,ROUGE-2,ROUGE-L' \
+  --figure=model_rouge1='model:ROUGE-1' \
   --figure=model_rouge2='model:ROUGE-2' --figure=model_rougeL='model:ROUGE-L' \
   --figure=lead3_rouge2='lead-3:ROUGE-2' \
   --figure=random3_rouge2='random 3 (seed 0):ROUGE-2'

@@ -44,6 +44,7 @@ for cell in "${cells[@]}"; do
     ${binding:+"$binding"} "${short[@]}"
   pairs+=("$label=$json")
 done
-tabulate compiled compiled "${pairs[@]}"
+tabulate compiled compiled "${pairs[@]}" \
+  --columns='config,devices,arguments (weights + slots + batch),temporaries,peak'
 record
 banner done "outputs in $out"

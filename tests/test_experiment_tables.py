@@ -1,19 +1,33 @@
-"""tools/experiment_tables.py: the CLIs' output as the docs' tables, and
-the figures named from them.
+"""tools/experiment_tables.py: the CLIs' tables (as their --json holds
+them) picked for the results files, the tables no CLI prints, and the
+figures named from them.
 
-The bench input is a committed `terraformer-bench --json` file; its expected
-cells are those the CLI's own text table printed in the same run (quoted in
-tests/fixtures/bench_17b_int8.md). The other inputs are written
-here in the shapes the CLIs write (terraformer-ood's ood_result.json,
+The CLIs' tables are made here by the CLIs' own formatters
+(terraformer/cli/bench_format.py, eval.py, info.py, memory_bench.py,
+topk_bench.py, terraformer/benchmarks/kernels.py) from reports in the
+shapes the benchmarks return, and written as each CLI's --json writes them.
+The bench report is a committed `terraformer-bench --json` file; its
+expected cells are those the CLI's own text table printed in the same run
+(quoted in tests/fixtures/bench_17b_int8.md). The other inputs are written
+here in the shapes their makers write (terraformer-ood's ood_result.json,
 terraformer-eval's summary, terraformer-memory-bench / -info / -topk-bench
---json, experiments/long_input_eval.py's line); their expected cells are worked
-out by hand from those inputs.
+reports, experiments/long_input_eval.py's line); their expected cells are
+worked out by hand from those inputs.
 """
 import json
 import os
 import sys
+import types
 
 import pytest
+
+from terraformer.benchmarks import kernels as kernel_bench
+from terraformer.cli import bench_format
+from terraformer.cli import common
+from terraformer.cli import eval as eval_cli
+from terraformer.cli import info
+from terraformer.cli import memory_bench
+from terraformer.cli import topk_bench
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, 'tools'))
@@ -38,6 +52,24 @@ def _write(tmp_path, name, data):
   return str(path)
 
 
+def _cli_json(tmp_path, name, report, **made):
+  """The --json of a CLI: its report and the tables its formatter made."""
+  return _write(tmp_path, name, common.with_tables(report, made))
+
+
+def _bench(tmp_path, name, report):
+  """terraformer-bench --json of a run: its speed and memory tables."""
+  made = {'speed': bench_format.speed_table(report)}
+  if bench_format.memory_table(report):
+    made['memory'] = bench_format.memory_table(report)
+  return _cli_json(tmp_path, name, report, **made)
+
+
+def _bench_17b():
+  with open(BENCH_17B, encoding='utf-8') as f:
+    return json.load(f)
+
+
 def _one_line_error(capsys, says):
   err = capsys.readouterr().err
   assert says in err and err.count('\n') == 1, err
@@ -45,12 +77,13 @@ def _one_line_error(capsys, says):
 
 
 # ---------------------------------------------------------------------------
-# terraformer-bench, -export, -eval, -info
+# terraformer-bench
 
 
 def test_speed_table_has_the_clis_cells_and_labels(tmp_path, capsys):
   code, table, figures = _run(
-      tmp_path, 'speed', BENCH_17B, '--label=17b_dense_kernels_int8=dense',
+      tmp_path, 'speed', _bench(tmp_path, 'b.json', _bench_17b()),
+      '--label=17b_dense_kernels_int8=dense',
       '--columns=model,ms/token [min-max],speedup,per block',
       '--paper=17b_dense_kernels_int8=1x',
       '--figure=loss=17b_sparse_ff_qkv_loss_kernels_int8:speedup')
@@ -68,10 +101,9 @@ def test_speed_table_has_the_clis_cells_and_labels(tmp_path, capsys):
 
 
 def test_speed_table_gives_each_models_own_bandwidth(tmp_path):
-  with open(BENCH_17B, encoding='utf-8') as f:
-    data = json.load(f)
+  data = _bench_17b()
   data['models'][1]['bandwidth_gbps'] = 12.345  # Its own rounds' probe.
-  code, table, _ = _run(tmp_path, 'speed', _write(tmp_path, 'b.json', data),
+  code, table, _ = _run(tmp_path, 'speed', _bench(tmp_path, 'b.json', data),
                         '--columns=model,GB/s')
   assert code == 0
   assert [row[1] for row in table['rows'][:2]] == [
@@ -80,20 +112,25 @@ def test_speed_table_gives_each_models_own_bandwidth(tmp_path):
 
 def test_memory_rows_split_what_a_model_holds_in_gib(tmp_path, capsys):
   gib = 2 ** 30
-  path = _write(tmp_path, 'bench.json', {'models': [{
+  report = {'models': [{
       'name': 'm', 'memory_by_kind': {
           'KernelDense int8': 2 * gib, 'KernelSparseFF bfloat16': gib,
           'LayerNorm float32': gib // 2,
           'Embedding float32 (under tl.Cache)': gib,
           'KernelDense int8 (under tl.Cache)': gib // 4,
-          'state (caches)': gib // 4}}]})
+          'state (caches)': gib // 4}}]}
+  path = _cli_json(tmp_path, 'bench.json', report,
+                   memory=bench_format.memory_table(report))
   code, table, _ = _run(tmp_path, 'memory', path, '--label=m=model m')
   assert code == 0
-  assert table['columns'] == tables.MEMORY_COLUMNS
+  assert table['columns'] == bench_format.MEMORY_COLUMNS
   assert table['rows'] == [['model m', '3.00', '0.50', '1.25', '0.25', '5.00']]
-  path = _write(tmp_path, 'old.json', {'models': [{'name': 'm'}]})
+  # A run whose models say nothing of memory holds no such table.
+  report = {'models': [{'name': 'm'}]}
+  assert bench_format.memory_table(report) is None
+  path = _cli_json(tmp_path, 'old.json', report)
   assert _run(tmp_path, 'memory', path)[0] == 2
-  _one_line_error(capsys, "model 'm' has no memory_by_kind")
+  _one_line_error(capsys, "no table 'memory'")
 
 
 def test_sweep_rows_per_d_model_with_the_speedups_at_the_dense_bound(
@@ -106,27 +143,45 @@ def test_sweep_rows_per_d_model_with_the_speedups_at_the_dense_bound(
     return {'d_model': d_model, 'models': {
         'dense': {'ms_per_token': dense_ms, 'speedup': 1.0},
         'sparse': sparse}}
-  path = _write(tmp_path, 'sweep.json', {
-      'names': ['dense', 'sparse'],
-      'rows': [row(512, 3.0, 2.0, 1.25), row(1024, 8.0, 2.0, 3.5)]})
+  report = {'names': ['dense', 'sparse'],
+            'rows': [row(512, 3.0, 2.0, 1.25), row(1024, 8.0, 2.0, 3.5)]}
+  path = _cli_json(tmp_path, 'sweep.json', report,
+                   sweep=bench_format.sweep_table(report))
   code, table, _ = _run(tmp_path, 'sweep', path)
   assert code == 0
   assert table['columns'] == ['d_model', 'dense ms/token', 'sparse ms/token',
                               'speedup', 'per block', 'vs dense bound']
   assert table['rows'] == [['512', '3.00', '2.00', '1.50x', '2.50x', '1.25x'],
                            ['1024', '8.00', '2.00', '4.00x', '2.50x', '3.50x']]
-  path = _write(tmp_path, 'old.json', {'names': ['dense', 'sparse'],
-                                       'rows': [row(512, 3.0, 2.0)]})
+  report = {'names': ['dense', 'sparse'], 'rows': [row(512, 3.0, 2.0)]}
+  path = _cli_json(tmp_path, 'old.json', report,
+                   sweep=bench_format.sweep_table(report))
   code, table, _ = _run(tmp_path, 'sweep', path)
   assert table['columns'][-1] == 'per block'
+
+
+def test_labels_rename_a_model_in_rows_and_in_the_columns_it_names(tmp_path):
+  """--label renames a model in the rows' first cells and in the columns
+  that start with its name (a sweep's of three models), not in others."""
+  models = lambda: {n: {'ms_per_token': 2.0, 'speedup': 1.5,
+                        'speedup_per_block': 2.0} for n in ('d', 'd2', 's')}
+  report = {'names': ['d', 'd2', 's'],
+            'rows': [{'d_model': 64, 'models': models()}]}
+  path = _cli_json(tmp_path, 'sweep.json', report,
+                   sweep=bench_format.sweep_table(report))
+  code, table, _ = _run(tmp_path, 'sweep', path, '--label=d=dense',
+                        '--label=s=sparse')
+  assert code == 0
+  assert table['columns'] == [
+      'd_model', 'dense ms/token', 'd2 ms/token', 'sparse ms/token',
+      'd2 speedup', 'd2 per block', 'sparse speedup', 'sparse per block']
 
 
 def test_speeds_gives_a_labelled_row_per_run_of_one_model(tmp_path, capsys):
   """Runs of one model each (the same model under other bindings or input
   lengths): a row per run, in order, with its label."""
-  with open(BENCH_17B, encoding='utf-8') as f:
-    bench = json.load(f)
-  runs = [_write(tmp_path, f'run{i}.json',
+  bench = _bench_17b()
+  runs = [_bench(tmp_path, f'run{i}.json',
                  dict(bench, models=[bench['models'][i]])) for i in (3, 0)]
   code, table, figures = _run(
       tmp_path, 'speeds', f'after={runs[0]}', f'before={runs[1]}',
@@ -136,45 +191,141 @@ def test_speeds_gives_a_labelled_row_per_run_of_one_model(tmp_path, capsys):
   assert table['rows'] == [['after', '103.2 [98.7-105.1]'],
                            ['before', '961.9 [780.1-1014.6]']]
   assert figures == ['b=961.9 [780.1-1014.6]']
-  two = _write(tmp_path, 'two.json', dict(bench, models=bench['models'][:2]))
+  two = _bench(tmp_path, 'two.json', dict(bench, models=bench['models'][:2]))
   (tmp_path / 'bad').mkdir()
   code, table, _ = _run(tmp_path / 'bad', 'speeds', f'x={two}')
   assert code == 2 and table is None
-  _one_line_error(capsys, 'x: 2 models in the run; takes runs of one model')
+  _one_line_error(capsys, 'x: 2 rows in its table; takes tables of one row')
 
 
 def test_speed_and_projection_show_the_dense_speedups_where_the_json_has_them(
     tmp_path):
-  """A JSON written before the speedups over the dense model keeps its
+  """A report made before the speedups over the dense model keeps its
   columns; a newer one adds them ('–' where a model has no dense model of
   its decode options)."""
-  with open(BENCH_17B) as f:
-    old = json.load(f)
-  code, table, _ = _run(tmp_path, 'speed', BENCH_17B)
-  assert code == 0 and table['columns'] == tables.SPEED_COLUMNS
+  old = _bench_17b()
+  code, table, _ = _run(tmp_path, 'speed', _bench(tmp_path, 'old.json', old))
+  assert code == 0 and table['columns'] == (bench_format.SPEED_COLUMNS +
+                                            bench_format.LAST_COLUMNS)
   new = json.loads(json.dumps(old))
   for m, (measured, bound, projected) in zip(new['models'], (
       (1.0, 0.42, 1.1), (4.0, 1.5, 3.0), (None, None, None))):
     m.update(speedup_vs_dense=measured, speedup_vs_dense_bound=bound,
              projected_speedup_vs_dense=projected,
              projected_speedup_vs_dense_bound=bound)
-  path = _write(tmp_path, 'new.json', new)
-  code, table, _ = _run(tmp_path, 'speed', path)
+  code, table, _ = _run(tmp_path, 'speed', _bench(tmp_path, 'new.json', new),
+                        '--columns=vs dense,vs dense bound')
   assert code == 0
-  assert table['columns'] == tables.SPEED_COLUMNS + ['vs dense',
-                                                     'vs dense bound']
-  assert [r[-2:] for r in table['rows'][:3]] == [
+  assert table['rows'][:3] == [
       ['1.00x', '0.42x'], ['4.00x', '1.50x'], ['–', '–']]
   for m in new['models']:
     m.update(projected_ms_per_token=m['ms_per_token'], ms_no_blocks=1.0,
              projected_bytes_per_token=m['bytes_per_token'],
              projected_speedup=m['speedup'])
     m.setdefault('ms_per_block', 1.0)
-  code, table, _ = _run(tmp_path, 'projection', _write(tmp_path, 'p.json',
-                                                       new))
+  new['settings']['fit_blocks'] = 1
+  path = _cli_json(tmp_path, 'p.json', new,
+                   projection=bench_format.projection_table(new))
+  code, table, _ = _run(tmp_path, 'projection', path)
   assert code == 0 and table['columns'][-2:] == ['vs dense', 'vs dense bound']
   assert [r[-2:] for r in table['rows'][:3]] == [
       ['1.10x', '0.42x'], ['3.00x', '1.50x'], ['–', '–']]
+  assert 'measured ms/token (1 block)' in table['columns']
+
+
+def test_agreement_columns_chosen_and_renamed(tmp_path):
+  """The docs' agreement table: the model's label under 'decode path',
+  without the CLI's own decode path and first difference."""
+  rows = [{'name': 'ref', 'decode_path': 'xla', 'tokens': 16,
+           'max_abs_logit_delta': 0.0, 'greedy_agreement': 1.0,
+           'first_difference': None},
+          {'name': 'int8', 'decode_path': 'ffi (int8 weights)', 'tokens': 16,
+           'max_abs_logit_delta': 0.01234, 'greedy_agreement': 0.9375,
+           'first_difference': 7}]
+  path = _cli_json(tmp_path, 'a.json', {'models': rows},
+                   agreement=bench_format.agreement_table(rows))
+  code, table, _ = _run(
+      tmp_path, 'agreement', path, '--label=int8=kernels, int8 weights',
+      '--columns=model,max |delta logit| vs the first,'
+      'greedy agreement (16 tokens)', '--rename=model=decode path')
+  assert code == 0
+  assert table == {'columns': ['decode path',
+                               'max |delta logit| vs the first',
+                               'greedy agreement (16 tokens)'],
+                   'rows': [['ref', '0', '1.000'],
+                            ['kernels, int8 weights', '0.0123', '0.938']]}
+
+
+def test_kernel_layers_row_per_layer_with_each_variants_ms_and_bound(
+    tmp_path):
+  row = lambda variant, ms, mb, x_bound, vs: {
+      'case': '17b_loss', 'variant': variant, 'min_ms': ms, 'median_ms': ms,
+      'bytes': mb * 1e6, 'x_bound': x_bound, 'vs_xla': vs}
+  rows = [row('xla f32', 28.0, 296.1, 2.72, 1.0),
+          row('ffi q8', 3.5, 74.2, 1.35, 8.0)]
+  path = _cli_json(tmp_path, 'k.json', {'rows': rows},
+                   layers=kernel_bench.layers_table(rows))
+  code, table, figures = _run(tmp_path, 'kernel_layers', path,
+                              '--label=17b_loss=17B sparse loss',
+                              '--figure=x=17B sparse loss:ffi q8 vs xla f32')
+  assert code == 0
+  assert table['columns'] == ['layer', 'xla f32 ms (x bound)',
+                              'ffi q8 ms (x bound)',
+                              'MB read (xla f32 / ffi q8)',
+                              'ffi q8 vs xla f32']
+  assert table['rows'] == [['17B sparse loss', '28.00 (2.72)', '3.50 (1.35)',
+                            '296.1 / 74.2', '8.00x']]
+  assert figures == ['x=8.00x']
+
+
+def _profile(tmp_path, results, operations=6):
+  return _cli_json(tmp_path, 'p.json', {'models': results},
+                   profile=bench_format.profile_table(results, operations))
+
+
+def test_profile_rows_are_a_models_wall_time_then_its_costliest_operations(
+    tmp_path):
+  q8 = ('custom-call f32[1,1,9216]{2,1,0} tf_q8_matmul <- f32[1,1,9216], '
+        's8[64,9216], f32[64], s8[9,2304,16,4], f32[144], f32[9216]')
+  # Several outputs: a tuple shape.
+  qkv = ('custom-call (f32[1,1,64]{2,1,0}, f32[1,2,4,16]{3,2,1,0}) '
+         'tf_sparse_qkv <- f32[1,1,64], s8[4,64]')
+  summary = {'ops_per_step': 250, 'wall_ms_per_step': 20.125,
+             'busy_ms_per_step': 19.5,
+             'by_operation': [[q8, 6.0, 12], [qkv, 2.0, 2],
+                              ['fusion', 1.0, 300], ['copy', 0.25, 30],
+                              ['stack', 0.125, 12]]}
+  path = _profile(tmp_path, [{'name': 'tf_q8', 'summary': summary}], 3)
+  code, table, figures = _run(tmp_path, 'profile', path,
+                              '--label=tf_q8=Terraformer',
+                              '--figure=wall=Terraformer:ms')
+  assert code == 0
+  assert table['rows'] == [
+      ['Terraformer', 'wall (an operation running)', '250', '20.12 (19.50)'],
+      ['', 'tf_q8_matmul (f32[1,1,9216], s8[64,9216], f32[64], '
+       's8[9,2304,16,4], f32[144], f32[9216]) -> f32[1,1,9216]', '12', '6.00'],
+      ['', 'tf_sparse_qkv (f32[1,1,64], s8[4,64]) -> (f32[1,1,64], '
+       'f32[1,2,4,16])', '2', '2.00'],
+      ['', 'fusion', '300', '1.00'],
+      ['', 'the others', '42', '0.38']]
+  assert figures == ['wall=20.12 (19.50)']
+
+
+def test_profile_abbreviates_a_kernel_call_with_many_operands(tmp_path):
+  """A call with more operands or results than a cell lists (a Terraformer
+  block's 60) shows its first two shapes and how many there are; HLO
+  comments in a tuple shape are dropped."""
+  operands = ', '.join([f'f32[1,1,{i}]' for i in range(1, 31)])
+  results = ', '.join([f'/*index={i}*/f32[{i},2]{{1,0}}' for i in range(30)])
+  block = f'custom-call ({results}) tf_block <- {operands}'
+  summary = {'ops_per_step': 10, 'wall_ms_per_step': 3.0,
+             'busy_ms_per_step': 2.5, 'by_operation': [[block, 2.5, 2]]}
+  code, table, _ = _run(tmp_path, 'profile', _profile(
+      tmp_path, [{'name': 'm', 'summary': summary}]))
+  assert code == 0
+  assert table['rows'][1] == [
+      '', 'tf_block (f32[1,1,1], f32[1,1,2], … 30 operands) -> (f32[0,2], '
+      'f32[1,2], … 30 results)', '2', '2.50']
 
 
 def test_markdown_figures_mean_and_difference(tmp_path):
@@ -194,6 +345,15 @@ def test_markdown_figures_mean_and_difference(tmp_path):
   assert figures == ['a=4.150', 'd=-0.150', 'one=4.900']
 
 
+# ---------------------------------------------------------------------------
+# terraformer-eval, terraformer-info
+
+
+def _eval_json(tmp_path, name, summary):
+  return _cli_json(tmp_path, name, summary,
+                   **eval_cli.summary_tables(summary))
+
+
 def test_rouge_table_puts_the_model_beside_its_yardsticks(tmp_path):
   summary = {'rouge1': 0.25, 'rouge2': 0.015, 'rougeLsum': 0.2,
              'rougeL': 0.16, 'baseline_k': 3, 'baseline_seed': 0,
@@ -204,8 +364,9 @@ def test_rouge_table_puts_the_model_beside_its_yardsticks(tmp_path):
                                   'rougeL': 0.1647, 'sentences': 4.74},
                  'random_3': {'rouge1': 0.2, 'rouge2': 0.03, 'rougeL': 0.12,
                               'sentences': 3}}}
-  path = _write(tmp_path, 'eval_test_step200.json', summary)
-  code, table, _ = _run(tmp_path, 'rouge', path)
+  path = _eval_json(tmp_path, 'eval_test_step200.json', summary)
+  code, table, _ = _run(tmp_path, 'rouge', path,
+                        '--columns=F1 (%),ROUGE-1,ROUGE-2,ROUGE-L')
   assert code == 0
   assert table['columns'] == ['F1 (%)', 'ROUGE-1', 'ROUGE-2', 'ROUGE-L']
   assert table['rows'] == [
@@ -230,8 +391,9 @@ def test_settings_rows_with_fluency_then_references_and_yardsticks(tmp_path):
                                      'rougeL': 0.15, 'words': 83.8},
                           'random_3': {'rouge1': 0.2, 'rouge2': 0.03,
                                        'rougeL': 0.12, 'words': 60.0}}}
-  sample = _write(tmp_path, 'a.json', summary(0.0173, 0.9234, 0.1763, 0.0832))
-  greedy = _write(tmp_path, 'b.json', summary(0.031, 0.9, 0.3, 0.0))
+  sample = _eval_json(tmp_path, 'a.json',
+                      summary(0.0173, 0.9234, 0.1763, 0.0832))
+  greedy = _eval_json(tmp_path, 'b.json', summary(0.031, 0.9, 0.3, 0.0))
   code, table, figures = _run(
       tmp_path, 'settings', f'sample=T 0.5={sample}', f'greedy={greedy}',
       '--figure=best=greedy:ROUGE-2')
@@ -251,11 +413,12 @@ def test_settings_rows_with_fluency_then_references_and_yardsticks(tmp_path):
 
 def test_plan_rows_in_gib(tmp_path):
   gib = 2 ** 30
-  info = {'per_device': {
-      'devices': 8, 'weights_bytes_per_device': gib // 2,
-      'slots_bytes_per_device': gib, 'activation_bytes_per_device': gib // 4,
-      'total_bytes_per_device': gib * 7 // 4}}
-  path = _write(tmp_path, 'info.json', info)
+  plan = {'devices': 8, 'weights_bytes_per_device': gib // 2,
+          'slots_bytes_per_device': gib,
+          'activation_bytes_per_device': gib // 4,
+          'total_bytes_per_device': gib * 7 // 4}
+  path = _cli_json(tmp_path, 'info.json', {'per_device': plan},
+                   plan=info.plan_table('gin/x.gin', plan))
   code, table, _ = _run(tmp_path, 'plan', f'`x.gin`={path}')
   assert code == 0
   assert table['rows'] == [['`x.gin`', '8', '0.500', '1.000', '0.250',
@@ -266,13 +429,15 @@ def test_plan_rows_in_gib(tmp_path):
     (775_400_000, '775.4M'), (16_880_000_000, '16.88B'), (1_124_032, '1.1M'),
     (52_224, '52,224')])
 def test_parameters_are_written_as_the_docs_write_them(total, text):
-  assert tables.parameters(total) == text
+  assert info.parameters(total) == text
 
 
 def test_params_rows_keep_a_label_that_holds_an_equals_sign(tmp_path):
-  info = _write(tmp_path, 'i.json', {'by_layer': {}, 'total': 684_400_000})
-  code, table, _ = _run(tmp_path, 'params', f'`c4_800m.gin`={info}',
-                        f'`sparse_ff.gin` (N=64)={info}')
+  count = types.SimpleNamespace(by_layer={}, total=684_400_000)
+  path = _cli_json(tmp_path, 'i.json', {'by_layer': {}, 'total': count.total},
+                   parameters=info.parameters_table('gin/c.gin', count))
+  code, table, _ = _run(tmp_path, 'params', f'`c4_800m.gin`={path}',
+                        f'`sparse_ff.gin` (N=64)={path}')
   assert code == 0
   assert table == {'columns': ['config', 'parameters'],
                    'rows': [['`c4_800m.gin`', '684.4M'],
@@ -332,7 +497,12 @@ def test_ood_rows_of_other_lengths_or_unfinished_runs_are_errors(
 # terraformer-memory-bench, terraformer-topk-bench, long_input_eval.py
 
 
-def test_lengths_merges_reports_and_adds_the_timed_models_ms(tmp_path):
+def _lengths(tmp_path, name, report):
+  return _cli_json(tmp_path, name, report,
+                   lengths=memory_bench.lengths_table(report))
+
+
+def test_lengths_joins_reports_and_adds_the_timed_models_ms(tmp_path):
   timed = {'batch_size': 1, 'target_len': 256, 'models': {'long_full': [
       {'input_len': 1024, 'memory': {'total': 137.2 * MIB}, 'step_ms': 25902.4},
       {'input_len': 4096, 'memory': {'total': 1140.8 * MIB}, 'step_ms': None},
@@ -340,99 +510,36 @@ def test_lengths_merges_reports_and_adds_the_timed_models_ms(tmp_path):
   untimed = {'batch_size': 1, 'target_len': 256, 'models': {'long_cst': [
       {'input_len': 1024, 'memory': {'total': 93 * MIB}, 'step_ms': None}]}}
   code, table, _ = _run(tmp_path, 'lengths', '--label=long_full=full',
-                        _write(tmp_path, 'a.json', timed),
-                        _write(tmp_path, 'b.json', untimed))
+                        _lengths(tmp_path, 'a.json', timed),
+                        _lengths(tmp_path, 'b.json', untimed))
   assert code == 0
+  assert table['columns'] == ['input tokens', 'full', 'full ms', 'long_cst']
+  code, table, _ = _run(tmp_path, 'lengths', '--label=long_full=full',
+                        _lengths(tmp_path, 'a.json', timed),
+                        _lengths(tmp_path, 'b.json', untimed),
+                        '--columns=input tokens,full,long_cst,full ms')
   assert table['columns'] == ['input tokens', 'full', 'long_cst', 'full ms']
   assert table['rows'] == [['1024', '137.2', '93.0', '25902'],
                            ['4096', '1140.8', '–', '–']]
 
 
-def test_lengths_rejects_a_model_measured_twice_and_unknown_labels(
-    tmp_path, capsys):
+def test_lengths_rejects_a_model_measured_twice(tmp_path, capsys):
   report = {'models': {'full': [{'input_len': 256, 'memory': {'total': MIB},
                                  'step_ms': None}]}}
-  path = _write(tmp_path, 'a.json', report)
+  path = _lengths(tmp_path, 'a.json', report)
   assert _run(tmp_path, 'lengths', path, path)[0] == 2
   _one_line_error(capsys, 'measured twice')
-  assert _run(tmp_path, 'lengths', '--label=lsh=LSH', path)[0] == 2
-  _one_line_error(capsys, 'unmeasured model')
 
 
 def test_depth_gives_totals_temporaries_and_the_ratio(tmp_path):
   row = {'layers': 8,
          'reversible': {'total': 286.2 * MIB, 'temp': 221.2 * MIB},
          'non_reversible': {'total': 966.1 * MIB, 'temp': 903.2 * MIB}}
-  code, table, _ = _run(tmp_path, 'depth',
-                        _write(tmp_path, 'r.json', {'rows': [row]}))
+  path = _cli_json(tmp_path, 'r.json', {'rows': [row]},
+                   depth=memory_bench.depth_table([row]))
+  code, table, _ = _run(tmp_path, 'depth', path)
   assert code == 0
   assert table['rows'] == [['8', '286.2', '221.2', '966.1', '903.2', '3.38']]
-
-
-def test_kernel_layers_row_per_layer_with_each_variants_ms_and_bound(
-    tmp_path):
-  row = lambda variant, ms, mb, x_bound, vs: {
-      'case': '17b_loss', 'variant': variant, 'min_ms': ms, 'median_ms': ms,
-      'bytes': mb * 1e6, 'x_bound': x_bound, 'vs_xla': vs}
-  path = _write(tmp_path, 'k.json', {'rows': [
-      row('xla f32', 28.0, 296.1, 2.72, 1.0),
-      row('ffi q8', 3.5, 74.2, 1.35, 8.0)]})
-  code, table, figures = _run(tmp_path, 'kernel_layers', path,
-                              '--label=17b_loss=17B sparse loss',
-                              '--figure=x=17B sparse loss:ffi q8 vs xla f32')
-  assert code == 0
-  assert table['columns'] == ['layer', 'xla f32 ms (x bound)',
-                              'ffi q8 ms (x bound)',
-                              'MB read (xla f32 / ffi q8)',
-                              'ffi q8 vs xla f32']
-  assert table['rows'] == [['17B sparse loss', '28.00 (2.72)', '3.50 (1.35)',
-                            '296.1 / 74.2', '8.00x']]
-  assert figures == ['x=8.00x']
-
-
-def test_profile_rows_are_a_models_wall_time_then_its_costliest_operations(
-    tmp_path):
-  q8 = ('custom-call f32[1,1,9216]{2,1,0} tf_q8_matmul <- f32[1,1,9216], '
-        's8[64,9216], f32[64], s8[9,2304,16,4], f32[144], f32[9216]')
-  # Several outputs: a tuple shape.
-  qkv = ('custom-call (f32[1,1,64]{2,1,0}, f32[1,2,4,16]{3,2,1,0}) '
-         'tf_sparse_qkv <- f32[1,1,64], s8[4,64]')
-  summary = {'ops_per_step': 250, 'wall_ms_per_step': 20.125,
-             'busy_ms_per_step': 19.5,
-             'by_operation': [[q8, 6.0, 12], [qkv, 2.0, 2],
-                              ['fusion', 1.0, 300], ['copy', 0.25, 30],
-                              ['stack', 0.125, 12]]}
-  path = _write(tmp_path, 'p.json', [{'name': 'tf_q8', 'summary': summary}])
-  code, table, figures = _run(tmp_path, 'profile', path, '--k=3',
-                              '--label=tf_q8=Terraformer',
-                              '--figure=wall=Terraformer:ms')
-  assert code == 0
-  assert table['rows'] == [
-      ['Terraformer', 'wall (an operation running)', '250', '20.12 (19.50)'],
-      ['', 'tf_q8_matmul (f32[1,1,9216], s8[64,9216], f32[64], '
-       's8[9,2304,16,4], f32[144], f32[9216]) -> f32[1,1,9216]', '12', '6.00'],
-      ['', 'tf_sparse_qkv (f32[1,1,64], s8[4,64]) -> (f32[1,1,64], '
-       'f32[1,2,4,16])', '2', '2.00'],
-      ['', 'fusion', '300', '1.00'],
-      ['', 'the others', '42', '0.38']]
-  assert figures == ['wall=20.12 (19.50)']
-
-
-def test_profile_abbreviates_a_kernel_call_with_many_operands(tmp_path):
-  """A call with more operands or results than a cell lists (a Terraformer
-  block's 60) shows its first two shapes and how many there are; HLO
-  comments in a tuple shape are dropped."""
-  operands = ', '.join([f'f32[1,1,{i}]' for i in range(1, 31)])
-  results = ', '.join([f'/*index={i}*/f32[{i},2]{{1,0}}' for i in range(30)])
-  block = f'custom-call ({results}) tf_block <- {operands}'
-  summary = {'ops_per_step': 10, 'wall_ms_per_step': 3.0,
-             'busy_ms_per_step': 2.5, 'by_operation': [[block, 2.5, 2]]}
-  path = _write(tmp_path, 'p.json', [{'name': 'm', 'summary': summary}])
-  code, table, _ = _run(tmp_path, 'profile', path)
-  assert code == 0
-  assert table['rows'][1] == [
-      '', 'tf_block (f32[1,1,1], f32[1,1,2], … 30 operands) -> (f32[0,2], '
-      'f32[1,2], … 30 results)', '2', '2.50']
 
 
 def test_topk_keeps_one_k_and_gives_no_ncss_for_the_exact_operator(
@@ -444,7 +551,8 @@ def test_topk_keeps_one_k_and_gives_no_ncss_for_the_exact_operator(
        'goyal': None, 'hard': {'ms': 4.04, 'nccs': 1}},
       {'n': 256, 'k': 8, 'sh': {'ms': 1, 'nccs': 1}, 'goyal': None,
        'hard': None}]}
-  path = _write(tmp_path, 't.json', report)
+  path = _cli_json(tmp_path, 't.json', report,
+                   topk=topk_bench.topk_table(report))
   code, table, _ = _run(tmp_path, 'topk', '--k=128', path)
   assert code == 0
   assert table['columns'] == ['n', 'SH ms', 'Goyal ms', 'hard top-k ms',
@@ -480,17 +588,23 @@ def test_recall_scores_and_the_pooling_columns_where_measured(tmp_path):
 
 @pytest.mark.parametrize('args, says', [
     (('speed', 'missing.json'), 'missing.json'),
-    (('projection', BENCH_17B), 'is not what projection reads'),
+    (('projection', 'BENCH'), "no table 'projection' (tables: speed, memory"),
+    (('speed', BENCH_17B), "no table 'speed' (tables: none; a CLI run before"),
     (('recall', f'run={BENCH_17B}'), 'is not what recall reads'),
-    (('speed', BENCH_17B, BENCH_17B), 'takes one input, got 2'),
-    (('plan', BENCH_17B), 'expected LABEL=PATH'),
-    (('speed', BENCH_17B, '--figure=x=dense:nope'), "no column 'nope'"),
-    (('speed', BENCH_17B, '--figure=x=nobody:speedup'), "no row 'nobody'"),
-    (('speed', BENCH_17B, '--columns=model,nope'), 'no column(s) nope'),
-    (('nomode', BENCH_17B), "invalid choice: 'nomode'"),
+    (('speed', 'BENCH', 'BENCH'), 'takes one input, got 2'),
+    (('plan', 'BENCH'), 'expected LABEL=PATH'),
+    (('speed', 'BENCH', '--figure=x=17b_dense_kernels_int8:nope'),
+     "no column 'nope'"),
+    (('speed', 'BENCH', '--figure=x=nobody:speedup'), "no row 'nobody'"),
+    (('speed', 'BENCH', '--columns=model,nope'), 'no column(s) nope'),
+    (('nomode', 'BENCH'), "invalid choice: 'nomode'"),
 ])
 def test_mistakes_are_one_line_and_exit_2(tmp_path, capsys, args, says):
-  code, table, figures = _run(tmp_path, *args)
+  """BENCH: terraformer-bench --json of a run (speed and memory tables)."""
+  bench = _bench(tmp_path, 'bench.json', _bench_17b())
+  (tmp_path / 'out').mkdir()
+  code, table, figures = _run(tmp_path / 'out', *[
+      bench if a == 'BENCH' else a for a in args])
   assert (code, table, figures) == (2, None, None)
   assert _one_line_error(capsys, says).startswith(f'{tables.PROG}: error: ')
 

@@ -1,36 +1,45 @@
 #!/usr/bin/env python3
-"""The JSON a committed CLI wrote, as the results table of an experiment.
+"""Tables for the results files: a CLI's tables as its --json holds them,
+and the tables no CLI prints.
 
-The experiments (experiments/*.sh) run committed CLIs; most of these write
-JSON of their own shape (terraformer-bench's `{"models": [...]}`,
-terraformer-ood's run folders, terraformer-eval's summary, ...) or a Markdown
-table (terraformer-export's table.md). This turns one such output into
-`{"columns": [...], "rows": [[...]]}`, the cells formatted as the docs show
-them: the table `tools/results.py record NAME --table ID=T.json` takes.
+The experiments (experiments/*.sh) run committed CLIs. Each CLI makes its
+tables once, with the formatter that prints them, and its --json holds
+them under "tables" (`{"columns": [...], "rows": [[...]]}`, the cells as the
+docs show them; terraformer-eval's summary file too). This takes such a
+table as it is, picks the rows, columns and labels a results file shows,
+and writes `{"columns", "rows"}`: the table `tools/results.py record NAME
+--table ID=T.json` takes. The tables no CLI prints it makes itself: a
+Markdown table a CLI printed (terraformer-export's table.md), the seeds of
+terraformer-ood's runs side by side, the long setting's curve
+(experiments/long_setting.py), experiments/long_input_eval.py's lines, and
+pytest's JUnit XML.
 
   experiment_tables.py MODE --out=T.json INPUT... [--label=NAME=TEXT ...]
-      [--paper=NAME=TEXT ...] [--columns=A,B,...] [--figure=ID=SPEC ...]
-      [--figures=F.txt] [--k=K]
+      [--paper=NAME=TEXT ...] [--columns=A,B,...] [--rename=A=B ...]
+      [--figure=ID=SPEC ...] [--figures=F.txt] [--k=K]
 
 writes T.json, prints it as a Markdown table, and writes the cells that
 --figure names to F.txt as ID=VALUE lines (for `record --figure`).
 experiments/lib.sh's `tabulate MODE ID INPUT...` is how an experiment calls
 it (T.json = OUT/ID.json), and its `record` passes every table and figure on.
 
-MODE, its INPUT and what it reads: `experiment_tables.py --help` (MODES
-below). An INPUT `LABEL=PATH` names a row; it splits at its last `=`, so a
-label may hold one (`sparse_ff.gin (N=64)`). --label renames a row (a model's
-name in the JSON -> the docs' label; for `lengths`, a model's column);
---paper adds a "paper" column (the paper's figure beside a row, by the
-model's name); --columns keeps these columns in this order; --figure SPEC is
-a cell ROW:COLUMN (ROW by its first cell), the mean of several rows' cells
-ROW1|ROW2:COLUMN, or a difference of two such, `A:COLUMN - B:COLUMN`.
+MODE, its INPUT and what it reads: `experiment_tables.py --help` (TABLES
+and MODES below). An INPUT `LABEL=PATH` names a row; it splits at its last
+`=`, so a label may hold one (`sparse_ff.gin (N=64)`). --label renames a
+model: in the rows' first cells and in the columns named by it (`NAME` or
+`NAME ...`: a sweep's, a memory-bench's columns); --k keeps the rows whose
+column `k` is K, without that column (terraformer-topk-bench's); --columns
+keeps these columns in this order; --rename renames a column; --paper adds
+a "paper" column (the paper's figure beside a row, by the model's name);
+--figure SPEC is a cell ROW:COLUMN (ROW by its first cell), the mean of
+several rows' cells ROW1|ROW2:COLUMN, or a difference of two such,
+`A:COLUMN - B:COLUMN`.
 
-It lives in tools/, beside results.py, whose JSON reading, Markdown
-tables and one-line errors it uses: the two are the stdlib-only path from a
-CLI's output to the committed results files. A mistake (a missing file, a run
-without its result, JSON of another shape) is one line on stderr and exit
-status 2.
+It lives in tools/, beside results.py, whose JSON reading, Markdown tables
+and one-line errors it uses: the two are the stdlib-only path from a CLI's
+output to the committed results files. A mistake (a missing file, a run
+without its result, JSON of another shape, a CLI's JSON without its table)
+is one line on stderr and exit status 2.
 """
 import argparse
 import collections
@@ -43,305 +52,184 @@ import results  # tools/results.py (this folder is on sys.path).
 
 PROG = 'experiment_tables.py'
 EXIT_USAGE = results.EXIT_USAGE
-GIB = 2.0 ** 30
-MIB = 2 ** 20
-MISSING = '–'
+MISSING = '–'  # As the CLIs write a missing cell (terraformer.cli.common).
 OOD_RESULT = 'ood_result.json'  # terraformer.evaluation.ood.RESULT_FILE
-TOPK_LABELS = {'sh': 'SH', 'sh_unsorted': 'unsorted', 'sh_plain': 'plain',
-               'goyal': 'Goyal', 'hard': 'hard top-k'}
 
 TableError = results.ResultsError  # A user's mistake: one line, exit 2.
-# results.py's own reading, KEY=VALUE options and argparse of one-line errors.
-load_json = results._load_json  # pylint: disable=protected-access
-key_values = results._pairs  # pylint: disable=protected-access
-OneLineParser = results._Parser  # pylint: disable=protected-access
-
-
-def _f(value, fmt):
-  return MISSING if value is None else format(value, fmt)
-
-
-def _ratio(a, b, fmt='.2f'):
-  return None if not a or not b else format(a / b, fmt) + 'x'
+load_json = results.load_json
+key_values = results.key_values
 
 
 def _joined(values):
   return ' / '.join(values)
 
 
-# ---------------------------------------------------------------------------
-# terraformer-bench --json
-
-
-SPEED_COLUMNS = ['model', 'ms/token [min-max]', 'ms/block', 'MB/token',
-                 'MB/block', 'bound ms', 'x bound', 'speedup', 'per block']
-# Speedups over the dense model of the same decode options, measured and at
-# its bound: in the JSON of terraformer-bench runs since they were added.
-DENSE_COLUMNS = ['vs dense', 'vs dense bound']
-
-
-def _dense_cells(m, prefix=''):
-  return {'vs dense': _x(m.get(f'{prefix}speedup_vs_dense')),
-          'vs dense bound': _x(m.get(f'{prefix}speedup_vs_dense_bound'))}
-
-
-def _x(value):
-  return MISSING if value is None else f'{value:.2f}x'
-
-
-def speed(data, opts):
-  """terraformer-bench's default table (one row per model); with
-  --compare_trax also Trax's ms/token and ours vs Trax; with a JSON that
-  has them, the speedups over the dense model of the same decode options
-  (DENSE_COLUMNS). Besides the default columns, `ms/token` (the median
-  alone) and `GB/s` (the bandwidth of the model's bound: measured between
-  its rounds of repeats, or the run's) can be chosen with --columns."""
-  models = data['models']
-  trax = any('trax' in m for m in models)
-  dense = any('speedup_vs_dense' in m for m in models)
-  columns = (SPEED_COLUMNS + (DENSE_COLUMNS if dense else []) +
-             (['Trax ms/token', 'ours vs Trax'] if trax else []))
-  rows = []
-  for m in models:
-    block = m.get('bytes_per_block')
-    per_block = m.get('speedup_per_block')
-    rows.append({
-        'model': opts.label(m['name']),
-        'ms/token': f"{m['ms_per_token']:.1f}",
-        'ms/token [min-max]': f"{m['ms_per_token']:.1f} [{m['ms_per_token_min']:.1f}-"
-                              f"{m['ms_per_token_max']:.1f}]",
-        'ms/block': _f(m.get('ms_per_block'), '.2f'),
-        'MB/token': f"{m['bytes_per_token'] / 1e6:.1f}",
-        'MB/block': _f(None if block is None else block / 1e6, '.2f'),
-        'bound ms': _f(m.get('bound_ms_per_token'), '.1f'),
-        'GB/s': _f(m.get('bandwidth_gbps'), '.1f'),
-        'x bound': _f(m.get('achieved_over_bound'), '.2f'),
-        'speedup': f"{m['speedup']:.2f}x",
-        'per block': _f(per_block, '.2f') + ('x' if per_block else ''),
-        'Trax ms/token': _f(m['trax']['ms_per_token'], '.1f')
-                         if 'trax' in m else MISSING,
-        'ours vs Trax': _ratio(m['trax']['ms_per_token'], m['ms_per_token'])
-                        if 'trax' in m else MISSING, **_dense_cells(m)})
-  return columns, rows
-
-
-MEMORY_COLUMNS = ['model', 'int8 matrices (decoder, output layer)',
-                  'float32 read per step', 'float32 under tl.Cache (encoder '
-                  'block shared by 6, embedding, cross-attention K/V)',
-                  'caches', 'total held']
-
-
-def memory(data, opts):
-  """What each model of a terraformer-bench run holds (GiB), from its
-  `memory_by_kind` (bytes by 'LAYER DTYPE[ (under tl.Cache)]' and 'state
-  (caches)'): stored int8 / bf16 matrices, float32 the step reads, what
-  layers under tl.Cache hold (run on the first call only), the caches."""
-  rows = []
-  for m in data['models']:
-    kinds = m.get('memory_by_kind')
-    if not kinds:
-      raise TableError(f"model {m['name']!r} has no memory_by_kind")
-    parts = collections.Counter()
-    for kind, n_bytes in kinds.items():
-      if kind == 'state (caches)':
-        parts['caches'] += n_bytes
-      elif kind.endswith('(under tl.Cache)'):
-        parts['cached'] += n_bytes
-      elif ' float32' in kind:
-        parts['float32'] += n_bytes
-      else:
-        parts['stored'] += n_bytes
-    rows.append([opts.label(m['name'])] + [
-        f'{parts[p] / GIB:.2f}' for p in ('stored', 'float32', 'cached',
-                                          'caches')] +
-                [f'{sum(kinds.values()) / GIB:.2f}'])
-  return MEMORY_COLUMNS, rows
-
-
-def speeds(pairs, opts):
-  """One row per terraformer-bench --json run, labelled LABEL (LABEL=PATH;
-  one model per run): the same model timed under other bindings or input
-  lengths, which one run cannot vary. The columns are `speed`'s."""
-  columns, rows = None, []
-  for label, data in pairs:
-    if len(data['models']) != 1:
-      raise TableError(f'{label}: {len(data["models"])} models in the run; '
-                       'takes runs of one model')
-    columns, (row,) = speed(data, Options({data['models'][0]['name']: label}))
-    rows.append(row)
-  return columns, rows
-
-
-def projection(data, opts):
-  """terraformer-bench --project_layers: measured, projected, paper (and,
-  with a JSON that has them, the projected speedups over the dense model of
-  the same decode options, DENSE_COLUMNS)."""
-  models = data['models']
-  first = models[0]
-  dense = any('projected_speedup_vs_dense' in m for m in models)
-  columns = ['model', 'measured ms/token (1 block)', 'ms/block',
-             'ms no blocks', 'projected ms/token', 'projected MB/token',
-             'x bound', 'speedup (time)', 'speedup (bytes)', 'paper s/token',
-             'paper speedup'] + (DENSE_COLUMNS if dense else [])
-  rows = []
-  for m in models:
-    bound = m.get('projected_bound_ms_per_token')
-    rows.append([
-        opts.label(m['name']), f"{m['ms_per_token']:.1f}",
-        f"{m['ms_per_block']:.2f}", f"{m['ms_no_blocks']:.1f}",
-        f"{m['projected_ms_per_token']:.1f}",
-        f"{m['projected_bytes_per_token'] / 1e6:.0f}",
-        _f(None if not bound else m['projected_ms_per_token'] / bound, '.2f'),
-        f"{m['projected_speedup']:.2f}x",
-        _ratio(first['projected_bytes_per_token'],
-               m['projected_bytes_per_token']),
-        _f(m.get('paper_seconds'), '.3f'),
-        _ratio(first.get('paper_seconds'), m.get('paper_seconds')) or MISSING]
-        + (list(_dense_cells(m, 'projected_').values()) if dense else []))
-  return columns, rows
-
-
-def user_path(data, opts):
-  """terraformer-bench --trax_user_path: whole calls, ours and Trax's."""
-  columns = ['model', 'ours ms/token', 'Trax ms/token', 'Trax / ours',
-             'ours 1st call s', 'Trax 1st call s', 'same tokens']
-  rows = [[opts.label(m['name']), f"{m['ours_ms_per_token']:.1f}",
-           f"{m['trax_ms_per_token']:.1f}", f"{m['trax_over_ours']:.1f}x",
-           f"{m['ours_first_call_s']:.1f}", f"{m['trax_first_call_s']:.1f}",
-           'yes' if m['same_tokens'] else 'NO'] for m in data['models']]
-  return columns, rows
-
-
-def agreement(data, opts):
-  """terraformer-bench --agreement: logits and argmax vs the first path."""
-  columns = ['decode path', 'max |delta logit| vs the first',
-             f'greedy agreement ({data[0]["tokens"]} tokens)']
-  rows = [[opts.label(r['name']), f"{r['max_abs_logit_delta']:.3g}",
-           f"{r['greedy_agreement']:.3f}"] for r in data]
-  return columns, rows
-
-
-def xla_ops(data, opts):
-  """terraformer-bench --xla_ops: operations per decoder block by kind."""
-  columns = ['model', 'XLA ops/block', 'of which']
-  rows = [[opts.label(r['name']), f"{r['ops_per_block']:g}",
-           ', '.join(f'{k} {v:g}' for k, v in sorted(
-               r['ops_per_block_by_kind'].items(), key=lambda kv: -kv[1]))]
-          for r in data]
-  return columns, rows
-
-
-def kernel_layers(data, opts):
-  """python -m terraformer.benchmarks.kernels --json: a row per layer
-  (--label names it), the median ms of each variant with its x bound, the
-  bytes each reads, and the last variant against the first (XLA)."""
-  variants = list(dict.fromkeys(r['variant'] for r in data['rows']))
-  cases = list(dict.fromkeys(r['case'] for r in data['rows']))
-  cell = {(r['case'], r['variant']): r for r in data['rows']}
-  columns = (['layer'] + [f'{v} ms (x bound)' for v in variants]
-             + [f'MB read ({" / ".join(variants)})',
-                f'{variants[-1]} vs {variants[0]}'])
-  rows = []
-  for case in cases:
-    got = [cell[case, v] for v in variants]
-    rows.append([opts.label(case)]
-                + [f"{r['median_ms']:.2f} ({r['x_bound']:.2f})" for r in got]
-                + [' / '.join(f"{r['bytes'] / 1e6:.1f}" for r in got),
-                   f"{got[-1]['vs_xla']:.2f}x"])
-  return columns, rows
-
-
-# Most operands and results a kernel call's cell lists (a sparse QKV
-# attention's 19 and 4); a longer list (a Terraformer block's 60 and 9)
-# shows its first two and how many there are.
-_MAX_LISTED = {'operands': 24, 'results': 4}
-
-
-def _shapes(text, what):
-  """Comma-separated shapes without layouts or HLO comments; of a list
-  longer than _MAX_LISTED[what], the first two, then '… N what'."""
-  text = re.sub(r'/\*.*?\*/', '', re.sub(r'\{[\d,]*\}', '', text))
-  shapes = [s.strip() for s in text.split(',') if s.strip()] if '[' in text else []
-  # Shapes hold commas: rejoin the pieces of each one.
-  joined, depth = [], 0
-  for piece in shapes:
-    if depth:
-      joined[-1] += ',' + piece
-    else:
-      joined.append(piece)
-    depth += piece.count('[') - piece.count(']')
-  if len(joined) <= _MAX_LISTED[what]:
-    return ', '.join(joined)
-  return ', '.join(joined[:2]) + f', … {len(joined)} {what}'
-
-
-def _operation(group):
-  """A `by_operation` group as a cell: 'tf_q8_matmul (operand shapes) ->
-  output shape' (a tuple of them for several outputs) for kernel calls
-  (layouts dropped), else the kind."""
-  m = re.match(r'custom-call (\([^()]*\)|\S+) (\S+)(?: <- (.*))?$', group)
-  if not m:
-    return group
-  out, target, operands = m.groups()
-  if out.startswith('('):
-    out = f'({_shapes(out[1:-1], "results")})'
-  else:
-    out = _shapes(out, 'results')
-  return f'{target} ({_shapes(operands or "", "operands")}) -> {out}'
-
-
-def profile(data, opts):
-  """terraformer-bench --profile_dir --json: per model, its step's wall
-  time (and the part with an operation running), then the operations that
-  took the most time per step (kernel calls by HLO line, the rest by kind),
-  --k of them (default 6), and the others together."""
-  top = opts.k or 6
-  columns = ['model', 'per step', 'calls', 'ms']
-  rows = []
-  for r in data:
-    s = r['summary']
-    rows.append([opts.label(r['name']), 'wall (an operation running)',
-                 f"{s['ops_per_step']:.0f}",
-                 f"{s['wall_ms_per_step']:.2f} ({s['busy_ms_per_step']:.2f})"])
-    groups = s['by_operation']
-    for group, ms, n in groups[:top]:
-      rows.append(['', _operation(group), f'{n:g}', f'{ms:.2f}'])
-    rest = groups[top:]
-    if rest:
-      rows.append(['', 'the others', f'{sum(n for _, _, n in rest):g}',
-                   f'{sum(ms for _, ms, _ in rest):.2f}'])
-  return columns, rows
-
-
-def sweep(data, opts):
-  """terraformer-bench --sweep: ms/token of each model per d_model, and the
-  speedup of the others over the first; with a JSON that has it, over the
-  dense model at its bound too (`vs dense bound`)."""
-  names = data['names']
-  bound = all('speedup_vs_dense_bound' in row['models'][n]
-              for row in data['rows'] for n in names[1:])
-  columns = ['d_model'] + [f'{opts.label(n)} ms/token' for n in names]
-  for n in names[1:]:
-    prefix = '' if len(names) == 2 else f'{opts.label(n)} '
-    columns += [f'{prefix}speedup', f'{prefix}per block'] + (
-        [f'{prefix}vs dense bound'] if bound else [])
-  rows = []
-  for row in data['rows']:
-    cells = [str(row['d_model'])] + [
-        f"{row['models'][n]['ms_per_token']:.2f}" for n in names]
-    for n in names[1:]:
-      r = row['models'][n]
-      cells += [f"{r['speedup']:.2f}x",
-                _f(r.get('speedup_per_block'), '.2f') + (
-                    'x' if r.get('speedup_per_block') else '')]
-      if bound:
-        cells.append(_x(r['speedup_vs_dense_bound']))
-    rows.append(cells)
-  return columns, rows
+def _f(value, fmt):
+  return MISSING if value is None else format(value, fmt)
 
 
 # ---------------------------------------------------------------------------
-# terraformer-export, terraformer-eval
+# A CLI's tables, as its --json holds them.
+
+
+def cli_table(path, name):
+  """The table `name` of a CLI's JSON (its "tables")."""
+  data = load_json(path)
+  tables = data.get('tables') if isinstance(data, dict) else None
+  if not isinstance(tables, dict) or name not in tables:
+    raise TableError(
+        f'{path}: no table {name!r} (tables: '
+        f'{", ".join(tables or {}) or "none"}; a CLI run before its --json '
+        'kept its tables: run it again)')
+  table = tables[name]
+  columns, rows = table.get('columns'), table.get('rows')
+  if not isinstance(columns, list) or not isinstance(rows, list) or any(
+      len(row) != len(columns) for row in rows):
+    raise TableError(f'{path}: table {name!r} needs "columns" and "rows" of '
+                     'that many cells')
+  return {'columns': list(columns), 'rows': [list(row) for row in rows]}
+
+
+def _one_table(name, inputs):
+  """The table of one CLI run."""
+  return cli_table(_one(inputs), name)
+
+
+def _labelled(name, inputs):
+  """[(label, table)] of LABEL=PATH inputs; the tables' columns agree."""
+  tables = [(label, cli_table(path, name))
+            for label, path in map(_split_label, inputs)]
+  for label, table in tables[1:]:
+    if table['columns'] != tables[0][1]['columns']:
+      raise TableError(f'{label}: columns {table["columns"]} differ from '
+                       f'those of {tables[0][0]}: {tables[0][1]["columns"]}')
+  return tables
+
+
+def _one_row_each(name, inputs):
+  """A row per LABEL=PATH, labelled: the row of a table of one row (a run
+  of one model, one config)."""
+  tables = _labelled(name, inputs)
+  for label, table in tables:
+    if len(table['rows']) != 1:
+      raise TableError(f'{label}: {len(table["rows"])} rows in its table; '
+                       'takes tables of one row (a run of one model)')
+  return {'columns': tables[0][1]['columns'],
+          'rows': [[label] + table['rows'][0][1:] for label, table in tables]}
+
+
+def _first_rows_then_yardsticks(name, inputs):
+  """The first row of each LABEL=PATH's table, labelled, then the other
+  rows of the first input's (its yardsticks: the same papers for every
+  input)."""
+  tables = _labelled(name, inputs)
+  return {'columns': tables[0][1]['columns'],
+          'rows': [[label] + table['rows'][0][1:] for label, table in tables]
+                  + tables[0][1]['rows'][1:]}
+
+
+def _joined_on_first_column(name, inputs):
+  """The tables of several runs side by side: a row per first cell (in the
+  order met), each table's other columns (MISSING where it has no such
+  row); a column in two tables (a model measured twice) is a mistake."""
+  columns, rows = None, collections.OrderedDict()
+  for path in inputs:
+    table = cli_table(path, name)
+    if columns is None:
+      columns = table['columns'][:1]
+    twice = set(columns[1:]) & set(table['columns'][1:])
+    if twice:
+      raise TableError(f'{path}: column(s) {", ".join(sorted(twice))} '
+                       'measured twice')
+    by_key = {row[0]: row[1:] for row in table['rows']}
+    for key in by_key:
+      rows.setdefault(key, [MISSING] * (len(columns) - 1))
+    blank = [MISSING] * (len(table['columns']) - 1)
+    for key, cells in rows.items():
+      cells.extend(by_key.get(key, blank))
+    columns += table['columns'][1:]
+  return {'columns': columns,
+          'rows': [[key] + cells for key, cells in rows.items()]}
+
+
+def relabel(table, labels):
+  """--label: a model's name renamed in the rows' first cells and in the
+  columns after the first that it names (NAME, or NAME and more)."""
+  names = sorted(labels, key=len, reverse=True)
+
+  def header(column):
+    for name in names:
+      if column == name or column.startswith(name + ' '):
+        return labels[name] + column[len(name):]
+    return column
+
+  return {'columns': table['columns'][:1] + [header(c) for c in
+                                               table['columns'][1:]],
+          'rows': [[labels.get(row[0], row[0])] + row[1:]
+                   for row in table['rows']]}
+
+
+def rows_of_k(table, k):
+  """--k: the rows whose column `k` is K, without that column."""
+  if 'k' not in table['columns']:
+    raise TableError(f'--k: no column k (columns: '
+                     f'{", ".join(table["columns"])})')
+  at = table['columns'].index('k')
+  rows = [row[:at] + row[at + 1:] for row in table['rows']
+          if row[at] == str(k)]
+  if not rows:
+    raise TableError(f'no rows with k = {k}')
+  return {'columns': table['columns'][:at] + table['columns'][at + 1:],
+          'rows': rows}
+
+
+CliTable = collections.namedtuple('CliTable', 'name combine reads')
+# MODE: the table of a CLI's --json, and how its INPUTs combine.
+TABLES = {
+    'speed': CliTable('speed', _one_table, 'terraformer-bench --json'),
+    'memory': CliTable('memory', _one_table, 'terraformer-bench --json: what '
+                       'each model holds, by kind'),
+    'speeds': CliTable('speed', _one_row_each, 'LABEL=PATH of '
+                       'terraformer-bench --json of one model (a row each)'),
+    'projection': CliTable('projection', _one_table,
+                           'terraformer-bench --project_layers=L --json'),
+    'user_path': CliTable('user_path', _one_table,
+                          'terraformer-bench --trax_user_path --json'),
+    'agreement': CliTable('agreement', _one_table,
+                          'terraformer-bench --agreement --json'),
+    'xla_ops': CliTable('xla_ops', _one_table,
+                        'terraformer-bench --xla_ops --json'),
+    'profile': CliTable('profile', _one_table,
+                        'terraformer-bench --profile_dir=DIR --json'),
+    'sweep': CliTable('sweep', _one_table, 'terraformer-bench --sweep --json'),
+    'kernel_layers': CliTable('layers', _one_table, 'python -m '
+                              'terraformer.benchmarks.kernels --json'),
+    'rouge': CliTable('rouge', _one_table,
+                      "terraformer-eval's eval_<split>_step<N>.json"),
+    'settings': CliTable('fluency', _first_rows_then_yardsticks,
+                         "LABEL=PATH of terraformer-eval's "
+                         'eval_<split>_step<N>.json (one split, a row each, '
+                         "then the first one's yardsticks)"),
+    'params': CliTable('parameters', _one_row_each,
+                       'LABEL=PATH of terraformer-info --json (a row each)'),
+    'plan': CliTable('plan', _one_row_each,
+                     'LABEL=PATH of terraformer-info --devices=N --json'),
+    'compiled': CliTable('compiled', _one_row_each, 'LABEL=PATH of '
+                         'terraformer-info --devices=N --compiled --json'),
+    'lengths': CliTable('lengths', _joined_on_first_column,
+                        'terraformer-memory-bench --input_lens=... --json '
+                        '(several: side by side)'),
+    'depth': CliTable('depth', _one_table,
+                      'terraformer-memory-bench --layers=... --json'),
+    'topk': CliTable('topk', _one_table,
+                     'terraformer-topk-bench --json (with --k)'),
+}
+
+
+# ---------------------------------------------------------------------------
+# Tables no CLI prints: a Markdown table a CLI printed, the long setting's
+# curve, terraformer-ood's seeds side by side, long_input_eval.py's lines,
+# pytest's JUnit XML.
 
 
 def markdown(text, opts):
@@ -354,52 +242,6 @@ def markdown(text, opts):
   for row in rows:
     row[0] = opts.label(row[0])
   return split(lines[0]), rows
-
-
-ROUGE = (('rouge1', 'ROUGE-1'), ('rouge2', 'ROUGE-2'), ('rougeL', 'ROUGE-L'))
-
-
-def rouge(data, opts):
-  """terraformer-eval's summary: the model beside its extractive yardsticks
-  (lead-3, lead-k matched to the abstract's length, 3 random sentences)."""
-  pct = lambda scores: [f'{100 * scores[k]:.2f}' for k, _ in ROUGE]
-  base = data.get('baselines') or {}
-  k, seed = data.get('baseline_k'), data.get('baseline_seed')
-  rows = [[opts.label('model')] + pct(data)]
-  for key, name in ((f'lead_{k}', f'lead-{k}'),
-                    ('lead_matched', 'lead-k matched (mean k {:.1f})'),
-                    (f'random_{k}', f'random {k} (seed {seed})')):
-    if key in base:
-      rows.append([opts.label(name.format(base[key].get('sentences', 0)))] +
-                  pct(base[key]))
-  return ['F1 (%)'] + [name for _, name in ROUGE], rows
-
-
-def settings(pairs, opts):
-  """Several terraformer-eval summaries of one split, a row per setting, with
-  the fluency shares; then the references' fluency and the yardsticks of the
-  first summary (the same papers)."""
-  columns = (['setting'] + [name for _, name in ROUGE] +
-             ['words', 'known words (%)', 'known trigrams (%)',
-              'repeated trigrams (%)'])
-  fluency_cells = lambda f: [f'{100 * f[k]:.1f}' for k in (
-      'known_words', 'known_trigrams', 'repeated_trigrams')]
-  pct = lambda scores: [f'{100 * scores[k]:.2f}' for k, _ in ROUGE]
-  rows = [[opts.label(name)] + pct(data) +
-          [f'{data["prediction_words"]:.1f}'] +
-          fluency_cells(data['fluency']['model']) for name, data in pairs]
-  first = pairs[0][1]
-  rows.append([opts.label('references'), MISSING, MISSING, MISSING,
-               f'{first["reference_words"]:.1f}'] +
-              fluency_cells(first['fluency']['references']))
-  base = first.get('baselines') or {}
-  k, seed = first.get('baseline_k'), first.get('baseline_seed')
-  for key, name in ((f'lead_{k}', f'lead-{k}'),
-                    (f'random_{k}', f'random {k} (seed {seed})')):
-    if key in base:
-      rows.append([opts.label(name)] + pct(base[key]) +
-                  [f'{base[key]["words"]:.1f}'] + [MISSING] * 3)
-  return columns, rows
 
 
 def curve(data, opts):
@@ -435,52 +277,6 @@ def curve(data, opts):
                  pct(test[name]['rouge1']) if name in test else MISSING,
                  pct(test[name]['rouge2']) if name in test else MISSING,
                  MISSING])
-  return columns, rows
-
-
-# ---------------------------------------------------------------------------
-# terraformer-info
-
-
-def parameters(total):
-  """775.4M, 16.88B, 52,224: as the docs write parameter counts."""
-  if total >= 1e9:
-    return f'{total / 1e9:.2f}B'
-  if total >= 1e6:
-    return f'{total / 1e6:.1f}M'
-  return f'{total:,}'
-
-
-def params(pairs, opts):
-  """terraformer-info --json of each config: its total parameters."""
-  return ['config', 'parameters'], [
-      [opts.label(name), parameters(data['total'])] for name, data in pairs]
-
-
-def plan(pairs, opts):
-  """terraformer-info --devices=N --json: the planned GiB per device."""
-  columns = ['config', 'devices', 'weights', 'Adam slots',
-             'activations (est.)', 'total']
-  rows = []
-  for name, data in pairs:
-    p = data['per_device']
-    rows.append([opts.label(name), str(p['devices'])] + [
-        f'{p[k] / GIB:.3f}' for k in (
-            'weights_bytes_per_device', 'slots_bytes_per_device',
-            'activation_bytes_per_device', 'total_bytes_per_device')])
-  return columns, rows
-
-
-def compiled(pairs, opts):
-  """terraformer-info --devices=N --compiled --json: XLA's GiB per device."""
-  columns = ['config', 'devices', 'arguments (weights + slots + batch)',
-             'temporaries', 'peak']
-  rows = []
-  for name, data in pairs:
-    c = data['compiled_per_device']
-    rows.append([opts.label(name), str(data['per_device']['devices'])] + [
-        f'{c[k] / GIB:.3f} GiB' for k in ('arguments', 'temporaries',
-                                           'peak')])
   return columns, rows
 
 
@@ -531,86 +327,6 @@ def ood(rows, opts):
   columns = ['model (cell)', 'seeds', 'steps',
              f'in distribution ({lengths[0]})', f'OOD ({lengths[1]})',
              'train s']
-  return columns, table
-
-
-# ---------------------------------------------------------------------------
-# terraformer-memory-bench, terraformer-topk-bench
-
-
-def lengths(reports, opts):
-  """Merged `--input_lens` reports -> input tokens x (MiB, then the step ms
-  of the models that were timed)."""
-  models = {}
-  for where, report in reports:
-    for name, rows in report['models'].items():
-      if name in models:
-        raise TableError(f'{where}: model {name!r} measured twice')
-      models[name] = {row['input_len']: row for row in rows}
-  if not models:
-    raise TableError('no models')
-  unknown = set(opts.labels) - set(models)
-  if unknown:
-    raise TableError(f'--label for unmeasured model(s): '
-                     f'{", ".join(sorted(unknown))}')
-  lens = sorted({n for rows in models.values() for n in rows})
-  timed = [m for m, rows in models.items()
-           if any(r.get('step_ms') is not None for r in rows.values())]
-  columns = (['input tokens'] + [opts.label(m) for m in models] +
-             [f'{opts.label(m)} ms' for m in timed])
-  table = []
-  for n in lens:
-    row = [str(n)]
-    for m in models:
-      r = models[m].get(n)
-      row.append(MISSING if r is None else
-                 f'{r["memory"]["total"] / MIB:.1f}')
-    for m in timed:
-      r = models[m].get(n)
-      ms = None if r is None else r.get('step_ms')
-      row.append(MISSING if ms is None else f'{ms:.0f}')
-    table.append(row)
-  return columns, table
-
-
-def depth(report, opts):
-  """`--layers` report -> layers x reversible / not reversible MiB."""
-  table = []
-  for row in report['rows']:
-    rev, plain = row['reversible'], row['non_reversible']
-    table.append([str(row['layers']),
-                  f'{rev["total"] / MIB:.1f}', f'{rev["temp"] / MIB:.1f}',
-                  f'{plain["total"] / MIB:.1f}', f'{plain["temp"] / MIB:.1f}',
-                  f'{plain["total"] / rev["total"]:.2f}'])
-  return ['layers', 'reversible', '(temporaries)', 'not reversible',
-          '(temporaries)', 'ratio'], table
-
-
-def _ms(value):
-  return f'{value:.2f}' if value < 10 else f'{value:.1f}'
-
-
-def topk(report, opts):
-  """terraformer-topk-bench's rows at one k (--k) -> n x (ms, nCCS) per
-  method."""
-  if opts.k is None:
-    raise TableError('topk needs --k')
-  methods = list(report.get('methods') or [])
-  rows = [r for r in report['rows'] if r.get('k') == opts.k]
-  if not rows:
-    raise TableError(f'no rows with k = {opts.k}')
-  similar = [m for m in methods if m != 'hard']  # Exact: nCCS 1 by definition.
-  name = lambda m: opts.label(TOPK_LABELS.get(m, m))
-  columns = (['n'] + [f'{name(m)} ms' for m in methods] +
-             [f'{name(m)} nCCS' for m in similar])
-  table = []
-  for r in rows:
-    cells = [str(r['n'])]
-    cells += [MISSING if r.get(m) is None else _ms(r[m]['ms'])
-              for m in methods]
-    cells += [MISSING if r.get(m) is None else f'{r[m]["nccs"]:.3f}'
-              for m in similar]
-    table.append(cells)
   return columns, table
 
 
@@ -720,7 +436,6 @@ def _runs(value):
 READERS = {
     'json': lambda inputs: load_json(_one(inputs)),
     'text': lambda inputs: _text(_one(inputs)),
-    'jsons': lambda inputs: [(path, load_json(path)) for path in inputs],
     'labelled': lambda inputs: [(label, load_json(path))
                                 for label, path in map(_split_label, inputs)],
     'runs': lambda inputs: [(label, _runs(dirs))
@@ -728,47 +443,17 @@ READERS = {
 }
 
 Mode = collections.namedtuple('Mode', 'table inputs reads')
+# MODE: a table made here, of what it reads.
 MODES = {
-    'speed': Mode(speed, 'json', 'terraformer-bench --json (with '
-                  '--compare_trax: also Trax ms/token, ours vs Trax)'),
-    'memory': Mode(memory, 'json', 'terraformer-bench --json: what each '
-                   'model holds, by kind'),
-    'speeds': Mode(speeds, 'labelled', 'LABEL=PATH of terraformer-bench '
-                   '--json of one model (several: a row each)'),
-    'projection': Mode(projection, 'json',
-                       'terraformer-bench --project_layers=L --json'),
-    'user_path': Mode(user_path, 'json',
-                      'terraformer-bench --trax_user_path --json'),
-    'agreement': Mode(agreement, 'json',
-                      'terraformer-bench --agreement --json'),
-    'xla_ops': Mode(xla_ops, 'json', 'terraformer-bench --xla_ops --json'),
-    'kernel_layers': Mode(kernel_layers, 'json', 'python -m '
-                          'terraformer.benchmarks.kernels --json'),
-    'profile': Mode(profile, 'json', 'terraformer-bench --profile_dir=DIR '
-                    '--json (with --k: operation rows per model, default 6)'),
-    'sweep': Mode(sweep, 'json', 'terraformer-bench --sweep --json'),
     'markdown': Mode(markdown, 'text',
                      "a Markdown table (terraformer-export's table.md)"),
-    'rouge': Mode(rouge, 'json',
-                  "terraformer-eval's eval_<split>_step<N>.json"),
     'curve': Mode(curve, 'json', 'experiments/long_setting.py curve --out'),
-    'settings': Mode(settings, 'labelled', "LABEL=PATH of terraformer-eval's "
-                     'eval_<split>_step<N>.json (one split, several settings)'),
-    'params': Mode(params, 'labelled', 'LABEL=PATH of terraformer-info --json'),
-    'plan': Mode(plan, 'labelled',
-                 'LABEL=PATH of terraformer-info --devices=N --json'),
-    'compiled': Mode(compiled, 'labelled', 'LABEL=PATH of terraformer-info '
-                     '--devices=N --compiled --json'),
     'ood': Mode(ood, 'runs', 'LABEL=RUN_DIR[,RUN_DIR...] of terraformer-ood '
                 '(RUN_DIR/ood_result.json; several: the seeds of one row)'),
-    'lengths': Mode(lengths, 'jsons', 'terraformer-memory-bench '
-                    '--input_lens=... --json (several: merged)'),
-    'pytest': Mode(pytest_cases, 'text', 'pytest --junitxml=F -o junit_logging=system-out -s: a row per test file'),
-    'depth': Mode(depth, 'json',
-                  'terraformer-memory-bench --layers=... --json'),
-    'topk': Mode(topk, 'json', 'terraformer-topk-bench --json (with --k)'),
     'recall': Mode(recall, 'labelled',
                    "LABEL=PATH of experiments/long_input_eval.py's line"),
+    'pytest': Mode(pytest_cases, 'text', 'pytest --junitxml=F -o '
+                   'junit_logging=system-out -s: a row per test file'),
 }
 
 
@@ -777,10 +462,10 @@ MODES = {
 
 
 class Options:
-  """What a table function may use besides its input: --label, --k."""
+  """What a table made here may use besides its input: --label."""
 
-  def __init__(self, labels, k=None):
-    self.labels, self.k = labels, k
+  def __init__(self, labels):
+    self.labels = labels
 
   def label(self, name):
     return self.labels.get(name, name)
@@ -842,18 +527,29 @@ def figure(columns, rows, spec):
   return _number([a, b], _float(a, spec) - _float(b, spec), '+')
 
 
-def build(mode, inputs, labels=None, papers=None, columns=None, k=None):
+def build(mode, inputs, labels=None, papers=None, columns=None, k=None,
+          renames=None):
   """{"columns", "rows"} of MODE's INPUTs (see the module's docstring)."""
   labels = labels or {}
-  spec = MODES[mode]
-  data = READERS[spec.inputs](inputs)
-  try:
-    all_columns, rows = spec.table(data, Options(labels, k))
-  except (KeyError, TypeError, IndexError, AttributeError) as e:
-    raise TableError(f'{", ".join(inputs)} is not what {mode} reads '
-                     f'({spec.reads}; {type(e).__name__}: {e})') from None
+  if mode in TABLES:
+    spec = TABLES[mode]
+    table = relabel(spec.combine(spec.name, inputs), labels)
+    if k is not None:
+      table = rows_of_k(table, k)
+    elif mode == 'topk':
+      raise TableError('topk needs --k')
+    all_columns, rows = table['columns'], table['rows']
+  else:
+    spec = MODES[mode]
+    data = READERS[spec.inputs](inputs)
+    try:
+      all_columns, rows = spec.table(data, Options(labels))
+    except (KeyError, TypeError, IndexError, AttributeError) as e:
+      raise TableError(f'{", ".join(inputs)} is not what {mode} reads '
+                       f'({spec.reads}; {type(e).__name__}: {e})') from None
   chosen = columns or all_columns
   rows = _select(all_columns, rows, chosen)
+  chosen = [(renames or {}).get(c, c) for c in chosen]
   if papers:
     by_label = {labels.get(name, name): v for name, v in papers.items()}
     chosen = chosen + ['paper']
@@ -862,24 +558,28 @@ def build(mode, inputs, labels=None, papers=None, columns=None, k=None):
 
 
 def _parser():
-  parser = OneLineParser(
+  reads = {**{name: t.reads for name, t in TABLES.items()},
+           **{name: m.reads for name, m in MODES.items()}}
+  parser = results.OneLineParser(
       prog=PROG, description=__doc__.split('\n')[0],
       formatter_class=argparse.RawDescriptionHelpFormatter,
       epilog='MODE and its INPUT:\n' + '\n'.join(
-          f'  {name:10s} {mode.reads}' for name, mode in MODES.items()))
-  parser.add_argument('mode', choices=list(MODES), metavar='MODE')
+          f'  {name:13s} {what}' for name, what in reads.items()))
+  parser.add_argument('mode', choices=list(reads), metavar='MODE')
   parser.add_argument('inputs', nargs='+', metavar='INPUT')
   parser.add_argument('--out', required=True, help='the table (JSON) written')
   parser.add_argument('--label', action='append', help='NAME=TEXT (repeat)')
   parser.add_argument('--paper', action='append', help='NAME=TEXT (repeat)')
   parser.add_argument('--columns', help='comma-separated: only these '
-                      'columns, in this order (speed: also ms/token, the '
-                      'median alone)')
+                      'columns, in this order')
+  parser.add_argument('--rename', action='append',
+                      help='COLUMN=NAME (repeat): a column renamed')
   parser.add_argument('--figure', action='append',
                       help='ID=SPEC (repeat): a cell, a mean or a difference')
   parser.add_argument('--figures', help='where the figures go, as ID=VALUE '
                       'lines')
-  parser.add_argument('--k', type=int, help='topk: the k of the rows kept')
+  parser.add_argument('--k', type=int, help="the rows whose column k is K "
+                      "(terraformer-topk-bench's), without it")
   return parser
 
 
@@ -897,7 +597,8 @@ def main(argv=None):
     mode = args.mode
     table = build(args.mode, args.inputs, key_values(args.label, 'label'),
                   key_values(args.paper, 'paper'),
-                  args.columns.split(',') if args.columns else None, args.k)
+                  args.columns.split(',') if args.columns else None, args.k,
+                  key_values(args.rename, 'rename'))
     figures = {fid: figure(table['columns'], table['rows'], spec)
                for fid, spec in key_values(args.figure, 'figure').items()}
     _write(args.out, json.dumps(table, indent=1, ensure_ascii=False))

@@ -83,7 +83,9 @@ class ResultsError(Exception):
 # Reading results files.
 
 
-def _load_json(path):
+def load_json(path):
+  """The JSON of the file `path`; a missing file or one that is not JSON is
+  a ResultsError (one line)."""
   where = os.path.relpath(path) if os.path.abspath(path).startswith(
       os.getcwd() + os.sep) else path
   try:
@@ -106,7 +108,7 @@ def load_results(root):
     name = os.path.splitext(os.path.basename(path))[0]
     if name == README_BLOCK:
       continue
-    data = _load_json(path)
+    data = load_json(path)
     if not isinstance(data, dict) or not isinstance(data.get('tables', {}),
                                                     dict):
       raise ResultsError(f'{path}: expected an object with "tables"')
@@ -237,7 +239,7 @@ def _page_link(page):
 def render_readme_block(results, root):
   """README's table: | result | ours | paper | page |, one figure per cell."""
   path = os.path.join(_results_dir(root), 'readme.json')
-  rows = _load_json(path)
+  rows = load_json(path)
   if not isinstance(rows, list):
     raise ResultsError(f'{path}: expected a list of rows')
   table = []
@@ -309,7 +311,7 @@ def render(root, check=False, out=None, only=None):
         f.write(new)
   if check:
     readme = os.path.join(_results_dir(root), 'readme.json')
-    rows = _load_json(readme) if os.path.exists(readme) else []
+    rows = load_json(readme) if os.path.exists(readme) else []
     problems = provenance_problems(results, rows if isinstance(rows, list)
                                    else [])
     if problems:
@@ -401,7 +403,9 @@ def table_from_json(data, columns=None, where='table'):
       'or {"rows": [objects]}')
 
 
-def _pairs(values, what):
+def key_values(values, what):
+  """{KEY: VALUE} of the `--what KEY=VALUE` options (split at the first
+  `=`)."""
   pairs = {}
   for value in values or []:
     key, sep, rest = value.partition('=')
@@ -508,7 +512,7 @@ def record(root, name, tables, figures=None, captions=None, columns=None,
   if not re.fullmatch(r'[\w.-]+', name) or name == README_BLOCK:
     raise ResultsError(f'bad experiment name {name!r}')
   path = os.path.join(_results_dir(root), f'{name}.json')
-  data = _load_json(path) if os.path.exists(path) else {
+  data = load_json(path) if os.path.exists(path) else {
       'experiment': name,
       'command': f'bash experiments/{name}.sh',
       'short_command': f'SHORT=1 bash experiments/{name}.sh',
@@ -546,7 +550,7 @@ def record(root, name, tables, figures=None, captions=None, columns=None,
         table[key] = value
   for table_id, json_path in tables.items():
     cols = (columns or {}).get(table_id)
-    table = table_from_json(_load_json(json_path),
+    table = table_from_json(load_json(json_path),
                             cols.split(',') if cols else None, json_path)
     caption = (captions or {}).get(table_id,
                                    all_tables.get(table_id, {}).get('caption',
@@ -672,7 +676,7 @@ def provenance_problems(results, readme_rows=()):
 # ---------------------------------------------------------------------------
 
 
-class _Parser(argparse.ArgumentParser):
+class OneLineParser(argparse.ArgumentParser):
   """argparse whose usage errors are one line (ResultsError, exit 2)."""
 
   def error(self, message):
@@ -680,7 +684,7 @@ class _Parser(argparse.ArgumentParser):
 
 
 def _parser_record():
-  p = _Parser(prog=f'{PROG} record')
+  p = OneLineParser(prog=f'{PROG} record')
   p.add_argument('name', help='the experiment: writes results/NAME.json')
   p.add_argument('--table', action='append', required=True,
                  help='ID=PATH.json: a table a CLI wrote')
@@ -696,7 +700,7 @@ def _parser_record():
 
 
 def _parser_render():
-  p = _Parser(prog=PROG)
+  p = OneLineParser(prog=PROG)
   p.add_argument('--check', action='store_true',
                  help='write nothing; exit 1 if a block differs')
   p.add_argument('--root', default=ROOT)
@@ -710,10 +714,10 @@ def main(argv=None):
   try:
     if argv and argv[0] == 'record':
       args = _parser_record().parse_args(argv[1:])
-      path = record(args.root, args.name, _pairs(args.table, 'table'),
-                    _pairs(args.figure, 'figure'),
-                    _pairs(args.caption, 'caption'),
-                    _pairs(args.columns, 'columns'),
+      path = record(args.root, args.name, key_values(args.table, 'table'),
+                    key_values(args.figure, 'figure'),
+                    key_values(args.caption, 'caption'),
+                    key_values(args.columns, 'columns'),
                     args.command, args.short_command, args.cost)
       print(f'wrote {os.path.relpath(path)}')
       return 0

@@ -9,7 +9,11 @@ int8 and q8 weights (q8: int8 activations too, the Q8 GEMV; the sparse FF
 block reads it as int8), called in turn (interleaved, so they share the
 machine's noise); min and median ms over the repeats, and the weight bytes
 a call reads over the GEMV bandwidth measured in the same process (x bound).
---json writes the rows and the machine (`decode_speed.machine`) too.
+Last it prints the table of the layers (`layers_table`: a row per layer,
+each variant's median ms with its x bound, the MB each reads, the last
+variant against XLA); --json writes the rows and the machine
+(`decode_speed.machine`) too, and that table under "tables" (layers:
+{"columns", "rows"}).
 """
 import argparse
 import json
@@ -75,6 +79,26 @@ def _time(calls, repeats):
   return times
 
 
+def layers_table(rows):
+  """The rows as a table: a row per layer (case), the median ms of each
+  variant with its x bound, the MB each reads, and the last variant
+  against the first (XLA)."""
+  variants = list(dict.fromkeys(r['variant'] for r in rows))
+  cases = list(dict.fromkeys(r['case'] for r in rows))
+  cell = {(r['case'], r['variant']): r for r in rows}
+  table = []
+  for case in cases:
+    got = [cell[case, v] for v in variants]
+    table.append([case]
+                 + [f"{r['median_ms']:.2f} ({r['x_bound']:.2f})" for r in got]
+                 + [' / '.join(f"{r['bytes'] / 1e6:.1f}" for r in got),
+                    f"{got[-1]['vs_xla']:.2f}x"])
+  return {'columns': (['layer'] + [f'{v} ms (x bound)' for v in variants]
+                      + [f'MB read ({" / ".join(variants)})',
+                         f'{variants[-1]} vs {variants[0]}']),
+          'rows': table}
+
+
 def main(argv=None):
   parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
   parser.add_argument('--repeats', type=int, default=21)
@@ -103,10 +127,15 @@ def main(argv=None):
       print(f'{case:<10} {k:<9} min {min(t):8.2f}  median {median:8.2f}'
             f' ms  {n_bytes / 1e6:7.1f} MB  x bound {median / bound:5.2f}'
             f'  vs xla {base / median:5.2f}x', flush=True)
+  table = layers_table(rows)
+  for line in [table['columns'], ['---'] * len(table['columns'])] + (
+      table['rows']):
+    print('| ' + ' | '.join(line) + ' |')
   if args.json:
     with open(args.json, 'w', encoding='utf-8') as f:
       json.dump({'repeats': args.repeats, 'bandwidth_gbps': gbps,
-                 'machine': decode_speed.machine(), 'rows': rows}, f, indent=2)
+                 'machine': decode_speed.machine(), 'rows': rows,
+                 'tables': {'layers': table}}, f, indent=2)
 
 
 if __name__ == '__main__':

@@ -28,7 +28,7 @@ bytes of weights and caches a step reads, the bound those bytes give at the
 GEMV bandwidth measured in the same run, and speedups: over the first
 model, over the dense model of the same decode options (kernels, weight
 storage) and d_model in the run, both measured (vs dense), and over that
-dense model at its bound (vs dense@bound: the speedup over a dense model
+dense model at its bound (vs dense bound: the speedup over a dense model
 that decoded at memory speed). Every table ends with the machine: the CPU
 model and the paths the kernels take (float kernels' and Q8 GEMV's
 instruction sets; the JSON's `machine`). --compare_trax also
@@ -63,8 +63,12 @@ one run folder per model (view with TensorBoard's profile plugin, or open
 the .xplane.pb in XProf), and prints where a step's time goes: its XLA
 operations' self time per step by kind (ffi_call = the fused kernels) and
 the slowest ones with their compiled HLO line (benchmarks/step_profile.py);
-nothing is timed or tabulated otherwise. The benchmarks return numbers;
-the tables and the plot are made by terraformer/cli/bench_format.py.
+nothing is timed otherwise; its table lists --profile_operations operations
+per model. The benchmarks return numbers; the tables and the plot are made
+by terraformer/cli/bench_format.py. --json writes the report (a list of
+models becomes {"models": [...]}) with the machine and, under "tables", the
+tables printed (speed and memory, projection, agreement, xla_ops,
+user_path, profile or sweep: {"columns", "rows"}).
 """
 import json
 import os
@@ -146,6 +150,10 @@ def _define_flags(flag_values):
                       'Write a jax.profiler trace of --tokens decoding steps '
                       'of each model to this folder (nothing is timed).',
                       flag_values=flag_values)
+  flags.DEFINE_integer('profile_operations', 6,
+                       'With --profile_dir: the operations listed per model '
+                       'in the table (the costliest; the others summed).',
+                       lower_bound=1, flag_values=flag_values)
   flags.DEFINE_string('plot', 'terraformer_bench_sweep.png',
                       'PNG written by --sweep.', flag_values=flag_values)
 
@@ -273,7 +281,8 @@ def _bench(flag_values, model_files):
         flag_values.repeats, flag_values.seed, _budget(flag_values), log=_log,
         on_row=lambda row: _log(bench_format.format_sweep(
             {'rows': [row], 'names': names})))
-    print(bench_format.format_sweep(report))
+    tables = {'sweep': bench_format.sweep_table(report)}
+    print(common.format_aligned(tables['sweep']))
     bench_format.plot_sweep(report, flag_values.plot)
     print(f'plot: {flag_values.plot}')
   elif flag_values.profile_dir:
@@ -285,6 +294,9 @@ def _bench(flag_values, model_files):
     for r in report:
       print(f"{r['name']:<28} trace of {r['tokens']} steps: {r['trace_dir']}")
       print(bench_format.format_profile(r['name'], r['summary']))
+    tables = {'profile': bench_format.profile_table(
+        report, flag_values.profile_operations)}
+    print(common.format_aligned(tables['profile']))
   elif flag_values.agreement:
     if len(configs) < 2:
       raise errors.TerraformerError(
@@ -293,12 +305,14 @@ def _bench(flag_values, model_files):
                                  flag_values.prompt_len, flag_values.seed,
                                  log=_log, checkpoint=flag_values.checkpoint,
                                  prompt_file=flag_values.prompt_file)
+    tables = {'agreement': bench_format.agreement_table(report)}
     print(bench_format.format_agreement(report))
   elif flag_values.xla_ops:
     if not configs:
       raise errors.TerraformerError('at least one --config_file is required')
     report = benchmark.xla_ops(configs, parse,
                                prompt_len=flag_values.prompt_len, log=_log)
+    tables = {'xla_ops': bench_format.xla_ops_table(report)}
     print(bench_format.format_xla_ops(report))
   elif flag_values.trax_user_path:
     if not configs:
@@ -306,6 +320,7 @@ def _bench(flag_values, model_files):
     report = benchmark.user_path(configs, parse, flag_values.tokens,
                                  flag_values.prompt_len, flag_values.repeats,
                                  flag_values.seed, log=_log)
+    tables = {'user_path': bench_format.user_path_table(report)}
     print(bench_format.format_user_path(report))
   else:
     if not configs:
@@ -316,25 +331,26 @@ def _bench(flag_values, model_files):
                            _budget(flag_values), log=_log,
                            project_layers=flag_values.project_layers,
                            fit_blocks=flag_values.fit_blocks)
-    print(bench_format.format_table(report)
-          if flag_values.project_layers is None
-          else bench_format.format_projection(report))
+    if flag_values.project_layers is None:
+      tables = {'speed': bench_format.speed_table(report)}
+      print(bench_format.format_table(report))
+    else:
+      tables = {'projection': bench_format.projection_table(report)}
+      print(bench_format.format_projection(report))
+    memory = bench_format.memory_table(report)
+    if memory:
+      tables['memory'] = memory
+      print(common.format_aligned(memory))
     print(bench_format.format_memory_lines(report))
   machine = decode_speed.machine()
   print(bench_format.format_machine(machine))
   if flag_values.json:
+    report = dict(report, machine=machine) if isinstance(report, dict) else {
+        'models': report, 'machine': machine}
     with open(flag_values.json, 'w') as f:
-      json.dump(bench_format.json_report(_with_machine(report, machine)), f,
-                indent=2)
+      json.dump(bench_format.json_report(common.with_tables(report, tables)),
+                f, indent=2)
   return 0
-
-
-def _with_machine(report, machine):
-  """The report with `machine` (`decode_speed.machine`): a key of a dict
-  report, a key of each row of a list."""
-  if isinstance(report, dict):
-    return dict(report, machine=machine)
-  return [dict(row, machine=machine) for row in report]
 
 
 def main(argv=None):

@@ -3,26 +3,46 @@
 `terraformer.benchmarks.decode_configs` (speed tables, projection, agreement,
 XLA operations, the user's path, the sweep) and
 `terraformer.benchmarks.step_profile` (a traced step) measure and return
-numbers; `terraformer/cli/bench.py` prints them with these functions.
+numbers; `terraformer/cli/bench.py` prints them with these functions. Each
+table is made here once (`TABLES`: `{"columns", "rows"}` of the cells the
+docs show): the CLI prints it and its --json holds it under "tables", where
+tools/experiment_tables.py reads it for the results files.
 """
+import re
+
 import numpy as np
+
+from terraformer.cli import common
+
+MISSING = common.MISSING
 
 
 def _f(value, fmt):
-  return '-' if value is None else format(value, fmt)
-
-
-HEADER = ('model', 'ms/token', '[min-max]', 'ms/block', 'MB/token',
-          'MB/block', 'bound ms', 'x bound', 'speedup', 'sp/block',
-          'vs dense', 'vs dense@bound', 'vs Trax')
-# What the 'vs dense' columns mean, under every speed table.
-DENSE_NOTE = ('vs dense: speedup over the dense model of the same decode '
-              'options and d_model in this run, both measured; vs '
-              'dense@bound: over that dense model at its bound')
+  return MISSING if value is None else format(value, fmt)
 
 
 def _x(value):
-  return '-' if value is None else f'{value:.2f}x'
+  return MISSING if value is None else f'{value:.2f}x'
+
+
+def _ratio(a, b):
+  """a / b as a speedup ('2.50x'), MISSING without both."""
+  return _x(a / b) if a and b else MISSING
+
+
+# The speed table: its columns, then the speedups over the dense model of
+# the same decode options (in every report since they were added), Trax's
+# time (--compare_trax), and last the GB/s of each model's bound and its
+# median ms/token alone (for tables that choose them).
+SPEED_COLUMNS = ['model', 'ms/token [min-max]', 'ms/block', 'MB/token',
+                 'MB/block', 'bound ms', 'x bound', 'speedup', 'per block']
+DENSE_COLUMNS = ['vs dense', 'vs dense bound']
+TRAX_COLUMNS = ['Trax ms/token', 'ours vs Trax']
+LAST_COLUMNS = ['GB/s', 'ms/token']
+# What the 'vs dense' columns mean, under every speed table.
+DENSE_NOTE = ('vs dense: speedup over the dense model of the same decode '
+              'options and d_model in this run, both measured; vs dense '
+              'bound: over that dense model at its bound')
 
 
 def format_machine(machine):
@@ -39,57 +59,86 @@ def format_machine(machine):
   return f'machine: {cpu}; kernels: {paths}'
 
 
-def format_row(result, baseline):
-  """One table row (a list of strings) for a benchmark result."""
-  speedup = baseline['ms_per_token'] / result['ms_per_token']
-  per_block = None
-  if result.get('ms_per_block') and baseline.get('ms_per_block'):
-    per_block = baseline['ms_per_block'] / result['ms_per_block']
-  mb_block = result.get('bytes_per_block')
-  return [
-      result['name'], _f(result['ms_per_token'], '.1f'),
-      f"[{result['ms_per_token_min']:.1f}-{result['ms_per_token_max']:.1f}]",
-      _f(result.get('ms_per_block'), '.2f'),
-      _f(result['bytes_per_token'] / 1e6, '.1f'),
-      _f(None if mb_block is None else mb_block / 1e6, '.2f'),
-      _f(result.get('bound_ms_per_token'), '.1f'),
-      _f(result.get('achieved_over_bound'), '.2f'),
-      f'{speedup:.2f}x', _f(per_block, '.2f'),
-      _x(result.get('speedup_vs_dense')),
-      _x(result.get('speedup_vs_dense_bound')),
-      _f(result.get('speedup_over_trax'), '.2f')]
+def speed_table(report):
+  """`run`'s models, a row each: ms/token (median [min-max] over the
+  repeats), per decoder block, the bytes a step reads, its bound, and the
+  speedups over the first model (whole and per block), over the dense
+  model of the same decode options (measured and at its bound) and, with
+  --compare_trax, over Trax's model."""
+  models = report['models']
+  dense = any('speedup_vs_dense' in m for m in models)
+  trax = any('trax' in m for m in models)
+  columns = (SPEED_COLUMNS + (DENSE_COLUMNS if dense else []) +
+             (TRAX_COLUMNS if trax else []) + LAST_COLUMNS)
+  rows = []
+  for m in models:
+    block = m.get('bytes_per_block')
+    trax_ms = m['trax']['ms_per_token'] if 'trax' in m else None
+    cells = {
+        'model': m['name'],
+        'ms/token [min-max]': f"{m['ms_per_token']:.1f} "
+                              f"[{m['ms_per_token_min']:.1f}-"
+                              f"{m['ms_per_token_max']:.1f}]",
+        'ms/block': _f(m.get('ms_per_block'), '.2f'),
+        'MB/token': f"{m['bytes_per_token'] / 1e6:.1f}",
+        'MB/block': _f(None if block is None else block / 1e6, '.2f'),
+        'bound ms': _f(m.get('bound_ms_per_token'), '.1f'),
+        'x bound': _f(m.get('achieved_over_bound'), '.2f'),
+        'speedup': _x(m['speedup']),
+        'per block': _x(m.get('speedup_per_block')),
+        'vs dense': _x(m.get('speedup_vs_dense')),
+        'vs dense bound': _x(m.get('speedup_vs_dense_bound')),
+        'Trax ms/token': _f(trax_ms, '.1f'),
+        'ours vs Trax': _ratio(trax_ms, m['ms_per_token']),
+        'GB/s': _f(m.get('bandwidth_gbps'), '.1f'),
+        'ms/token': f"{m['ms_per_token']:.1f}"}
+    rows.append([cells[c] for c in columns])
+  return common.table(columns, rows)
 
 
-def _trax_row(trax):
-  return [trax['name'], _f(trax['ms_per_token'], '.1f'),
-          f"[{trax['ms_per_token_min']:.1f}-{trax['ms_per_token_max']:.1f}]",
-          _f(trax.get('ms_per_block'), '.2f')] + [''] * (len(HEADER) - 4)
+MEMORY_COLUMNS = ['model', 'int8 matrices (decoder, output layer)',
+                  'float32 read per step', 'float32 under tl.Cache (encoder '
+                  'block shared by 6, embedding, cross-attention K/V)',
+                  'caches', 'total held']
 
 
-def _aligned(rows):
-  """Rows of strings as text lines: first column left-, others right-aligned."""
-  widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-  return ['  '.join(c.ljust(w) if i == 0 else c.rjust(w)
-                    for i, (c, w) in enumerate(zip(row, widths))).rstrip()
-          for row in rows]
+def memory_table(report):
+  """What each model holds while timed (GiB), from its `memory_by_kind`
+  (bytes by 'LAYER DTYPE[ (under tl.Cache)]' and 'state (caches)'): stored
+  int8 / bf16 matrices, float32 the step reads, what layers under tl.Cache
+  hold (run on the first call only), the caches; None when no model says."""
+  gib = 2.0 ** 30
+  rows = []
+  for m in report['models']:
+    kinds = m.get('memory_by_kind')
+    if not kinds:
+      continue
+    parts = dict.fromkeys(('stored', 'float32', 'cached', 'caches'), 0)
+    for kind, n_bytes in kinds.items():
+      if kind == 'state (caches)':
+        parts['caches'] += n_bytes
+      elif kind.endswith('(under tl.Cache)'):
+        parts['cached'] += n_bytes
+      elif ' float32' in kind:
+        parts['float32'] += n_bytes
+      else:
+        parts['stored'] += n_bytes
+    rows.append([m['name']] + [f'{n / gib:.2f}' for n in parts.values()] +
+                [f'{sum(kinds.values()) / gib:.2f}'])
+  return common.table(MEMORY_COLUMNS, rows) if rows else None
 
 
 def format_table(report):
   """The results of `run` as an aligned text table."""
   models = report['models']
-  rows = [list(HEADER)]
-  for result in models:
-    rows.append(format_row(result, models[0]))
-  for result in models:
-    if 'trax' in result:
-      rows.append(_trax_row(result['trax']))
-  lines = _aligned(rows)
+  lines = [common.format_aligned(speed_table(report))]
   settings = report['settings']
   lines.append(
       f"batch 1, {settings['tokens']} tokens after a "
       f"{settings['prompt_len']}-token prompt, {settings['repeats']} repeats;"
       f' bound = bytes read per token / {_bandwidths(report)}; ms/block and '
-      'MB/block: (model - model without decoder blocks) / blocks')
+      'MB/block: (model - model without decoder blocks) / blocks; speedup '
+      'and per block: over the first model')
   lines.append(DENSE_NOTE)
   paths = [f"{r['name']}: {r['decode_path']}" for r in models
            if r.get('decode_path') not in (None, 'xla')]
@@ -98,32 +147,44 @@ def format_table(report):
   return '\n'.join(lines)
 
 
-PROJECTION_HEADER = (
-    'model', 'measured: blocks', 'ms/token', 'ms/block', 'ms no blocks',
-    'MB/block', 'projected: ms/token', 'MB/token', 'bound ms', 'x bound',
-    'speedup', 'vs dense', 'vs dense@bound', 'paper: s/token', 'speedup')
+def projection_table(report):
+  """`run(..., project_layers=L)`'s models: measured with `fit_blocks`
+  decoder blocks and without, projected to L blocks, beside the paper's
+  seconds (and, in a report that has them, the projected speedups over the
+  dense model of the same decode options)."""
+  models = report['models']
+  first = models[0]
+  fit = report['settings']['fit_blocks']
+  dense = any('projected_speedup_vs_dense' in m for m in models)
+  columns = (['model', 'blocks',
+              f"measured ms/token ({fit} block{'s' if fit != 1 else ''})",
+              'ms/block', 'ms no blocks', 'MB/block', 'projected ms/token',
+              'projected MB/token', 'projected bound ms', 'x bound',
+              'speedup (time)', 'speedup (bytes)', 'paper s/token',
+              'paper speedup'] + (DENSE_COLUMNS if dense else []))
+  rows = []
+  for m in models:
+    bound = m.get('projected_bound_ms_per_token')
+    rows.append([
+        m['name'], str(m['n_blocks']), f"{m['ms_per_token']:.1f}",
+        f"{m['ms_per_block']:.2f}", f"{m['ms_no_blocks']:.1f}",
+        f"{m['bytes_per_block'] / 1e6:.1f}",
+        f"{m['projected_ms_per_token']:.1f}",
+        f"{m['projected_bytes_per_token'] / 1e6:.0f}", _f(bound, '.1f'),
+        _f(None if not bound else m['projected_ms_per_token'] / bound, '.2f'),
+        _x(m['projected_speedup']),
+        _ratio(first['projected_bytes_per_token'],
+               m['projected_bytes_per_token']),
+        _f(m.get('paper_seconds'), '.3f'),
+        _ratio(first.get('paper_seconds'), m.get('paper_seconds'))] + (
+            [_x(m.get('projected_speedup_vs_dense')),
+             _x(m.get('projected_speedup_vs_dense_bound'))] if dense else []))
+  return common.table(columns, rows)
 
 
 def format_projection(report):
   """The results of `run(..., project_layers=L)` as a text table."""
-  models = report['models']
-  paper0 = models[0].get('paper_seconds')
-  rows = [list(PROJECTION_HEADER)]
-  for r in models:
-    paper = r.get('paper_seconds')
-    bound = r.get('projected_bound_ms_per_token')
-    rows.append([
-        r['name'], str(r['n_blocks']), f"{r['ms_per_token']:.1f}",
-        f"{r['ms_per_block']:.2f}", f"{r['ms_no_blocks']:.1f}",
-        f"{r['bytes_per_block'] / 1e6:.1f}",
-        f"{r['projected_ms_per_token']:.1f}",
-        f"{r['projected_bytes_per_token'] / 1e6:.0f}", _f(bound, '.1f'),
-        _f(None if not bound else r['projected_ms_per_token'] / bound, '.2f'),
-        f"{r['projected_speedup']:.2f}x",
-        _x(r.get('projected_speedup_vs_dense')),
-        _x(r.get('projected_speedup_vs_dense_bound')), _f(paper, '.3f'),
-        _f(paper0 / paper if paper and paper0 else None, '.2f')])
-  lines = _aligned(rows)
+  lines = [common.format_aligned(projection_table(report))]
   s = report['settings']
   lines.append(
       f"measured: each model with {s['fit_blocks']} decoder block(s), no "
@@ -168,17 +229,25 @@ def json_report(report):
   return clean(report)
 
 
-def format_agreement(results):
-  """`agreement`'s rows as a text table, against the first model."""
-  rows = [['model', 'decode path', 'max |delta logit|', 'greedy agreement',
-           'first difference']]
+def agreement_table(results):
+  """`agreement`'s rows against the first model: its decode path, max
+  |delta logit|, greedy agreement and the first token that differs."""
+  columns = ['model', 'decode path', 'max |delta logit| vs the first',
+             f"greedy agreement ({results[0]['tokens']} tokens)",
+             'first difference']
+  rows = []
   for r in results:
     first = r.get('first_difference')
     rows.append([r['name'], r['decode_path'],
                  f"{r['max_abs_logit_delta']:.3g}",
                  f"{r['greedy_agreement']:.3f}",
                  'none' if first is None else f'token {first}'])
-  lines = _aligned(rows)
+  return common.table(columns, rows)
+
+
+def format_agreement(results):
+  """`agreement`'s rows as a text table, against the first model."""
+  lines = [common.format_aligned(agreement_table(results))]
   first = results[0]
   if first.get('checkpoint'):
     weights = (f"the weights of {first['checkpoint']} (step "
@@ -201,27 +270,34 @@ def format_agreement(results):
   return '\n'.join(lines)
 
 
+def xla_ops_table(results):
+  """A row per model: XLA operations per decoder block, and by kind."""
+  return common.table(['model', 'XLA ops/block', 'of which'], [
+      [r['name'], f"{r['ops_per_block']:g}",
+       ', '.join(f'{k} {v:g}' for k, v in sorted(
+           r['ops_per_block_by_kind'].items(), key=lambda kv: -kv[1]))]
+      for r in results])
+
+
 def format_xla_ops(results):
-  """One line per model: XLA operations per decoder block, by kind."""
-  return '\n'.join(
-      f"{r['name']:<28} {r['ops_per_block']:5.1f} XLA ops/block  "
-      + ', '.join(f'{k} {v:g}' for k, v in sorted(
-          r['ops_per_block_by_kind'].items(), key=lambda kv: -kv[1]))
-      for r in results)
+  """XLA operations per decoder block of each model, as a text table."""
+  return common.format_aligned(xla_ops_table(results))
+
+
+def user_path_table(report):
+  """`user_path`'s models: whole decode calls, ours and Trax's."""
+  return common.table(
+      ['model', 'ours ms/token', 'Trax ms/token', 'Trax / ours',
+       'ours 1st call s', 'Trax 1st call s', 'same tokens'],
+      [[r['name'], f"{r['ours_ms_per_token']:.1f}",
+        f"{r['trax_ms_per_token']:.1f}", f"{r['trax_over_ours']:.1f}x",
+        f"{r['ours_first_call_s']:.1f}", f"{r['trax_first_call_s']:.1f}",
+        'yes' if r['same_tokens'] else 'NO'] for r in report['models']])
 
 
 def format_user_path(report):
   """`user_path`'s report as a text table."""
-  rows = [['model', 'ours ms/token', 'Trax ms/token', 'Trax / ours',
-           'ours 1st call s', 'Trax 1st call s', 'same tokens']]
-  for r in report['models']:
-    rows.append([r['name'], f"{r['ours_ms_per_token']:.1f}",
-                 f"{r['trax_ms_per_token']:.1f}",
-                 f"{r['trax_over_ours']:.1f}x",
-                 f"{r['ours_first_call_s']:.1f}",
-                 f"{r['trax_first_call_s']:.1f}",
-                 'yes' if r['same_tokens'] else 'NO'])
-  lines = _aligned(rows)
+  lines = [common.format_aligned(user_path_table(report))]
   s = report['settings']
   lines.append(
       f"whole greedy decode calls, batch 1, {s['tokens']} tokens after a "
@@ -232,8 +308,34 @@ def format_user_path(report):
   return '\n'.join(lines)
 
 
+def sweep_table(report):
+  """`sweep`'s rows: ms/token of each model per d_model, and the speedup
+  of the others over the first, whole and per block; with a report that
+  has it, over the dense model at its bound too (`vs dense bound`). With
+  more than two models, a model's speedup columns start with its name."""
+  names = report['names']
+  bound = all('speedup_vs_dense_bound' in row['models'][n]
+              for row in report['rows'] for n in names[1:])
+  columns = ['d_model'] + [f'{n} ms/token' for n in names]
+  for n in names[1:]:
+    prefix = '' if len(names) == 2 else f'{n} '
+    columns += [f'{prefix}speedup', f'{prefix}per block'] + (
+        [f'{prefix}vs dense bound'] if bound else [])
+  rows = []
+  for row in report['rows']:
+    cells = [str(row['d_model'])] + [
+        f"{row['models'][n]['ms_per_token']:.2f}" for n in names]
+    for n in names[1:]:
+      r = row['models'][n]
+      cells += [_x(r['speedup']), _x(r.get('speedup_per_block'))] + (
+          [_x(r['speedup_vs_dense_bound'])] if bound else [])
+    rows.append(cells)
+  return common.table(columns, rows)
+
+
 def format_sweep(report):
-  """Sweep table: ms/token, ms/block and speedups per d_model."""
+  """Progress lines of a sweep: each model's ms/token, ms/block, x bound
+  and speedups per d_model."""
   names = report['names']
   lines = []
   for row in report['rows']:
@@ -245,8 +347,8 @@ def format_sweep(report):
           f"{_f(r.get('ms_per_block'), '7.3f')} ms/block  "
           f"x bound {_f(r.get('achieved_over_bound'), '.2f')}  "
           f"speedup {r['speedup']:.2f}x  "
-          f"per block {_f(r.get('speedup_per_block'), '.2f')}x  "
-          f"vs dense@bound {_x(r.get('speedup_vs_dense_bound'))}")
+          f"per block {_x(r.get('speedup_per_block'))}  "
+          f"vs dense bound {_x(r.get('speedup_vs_dense_bound'))}")
   return '\n'.join(lines)
 
 
@@ -305,3 +407,63 @@ def format_profile(name, summary, kinds=8):
   for op, t, desc in s['slowest']:
     lines.append(f'    {t:8.3f}  {op:<26} {desc[:110]}')
   return '\n'.join(lines)
+
+
+# Most operands and results a kernel call's cell lists (a sparse QKV
+# attention's 19 and 4); a longer list (a Terraformer block's 60 and 9)
+# shows its first two and how many there are.
+_MAX_LISTED = {'operands': 24, 'results': 4}
+
+
+def _shapes(text, what):
+  """Comma-separated shapes without layouts or HLO comments; of a list
+  longer than _MAX_LISTED[what], the first two, then '… N what'."""
+  text = re.sub(r'/\*.*?\*/', '', re.sub(r'\{[\d,]*\}', '', text))
+  shapes = [s.strip() for s in text.split(',') if s.strip()] if '[' in text else []
+  # Shapes hold commas: rejoin the pieces of each one.
+  joined, depth = [], 0
+  for piece in shapes:
+    if depth:
+      joined[-1] += ',' + piece
+    else:
+      joined.append(piece)
+    depth += piece.count('[') - piece.count(']')
+  if len(joined) <= _MAX_LISTED[what]:
+    return ', '.join(joined)
+  return ', '.join(joined[:2]) + f', … {len(joined)} {what}'
+
+
+def _operation(group):
+  """A `by_operation` group as a cell: 'tf_q8_matmul (operand shapes) ->
+  output shape' (a tuple of them for several outputs) for kernel calls
+  (layouts dropped), else the kind."""
+  m = re.match(r'custom-call (\([^()]*\)|\S+) (\S+)(?: <- (.*))?$', group)
+  if not m:
+    return group
+  out, target, operands = m.groups()
+  if out.startswith('('):
+    out = f'({_shapes(out[1:-1], "results")})'
+  else:
+    out = _shapes(out, 'results')
+  return f'{target} ({_shapes(operands or "", "operands")}) -> {out}'
+
+
+def profile_table(results, operations=6):
+  """Per model of `profile`: its step's wall time (and the part with an
+  operation running), then the `operations` that took the most time per
+  step (kernel calls by HLO line, the rest by kind), and the others
+  together."""
+  rows = []
+  for r in results:
+    s = r['summary']
+    rows.append([r['name'], 'wall (an operation running)',
+                 f"{s['ops_per_step']:.0f}",
+                 f"{s['wall_ms_per_step']:.2f} ({s['busy_ms_per_step']:.2f})"])
+    groups = s['by_operation']
+    for group, ms, n in groups[:operations]:
+      rows.append(['', _operation(group), f'{n:g}', f'{ms:.2f}'])
+    rest = groups[operations:]
+    if rest:
+      rows.append(['', 'the others', f'{sum(n for _, _, n in rest):g}',
+                   f'{sum(ms for _, ms, _ in rest):.2f}'])
+  return common.table(['model', 'per step', 'calls', 'ms'], rows)

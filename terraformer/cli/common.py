@@ -102,6 +102,37 @@ def positive_ints(values, flag):
   return ints
 
 
+# ---------------------------------------------------------------------------
+# Tables. A CLI's tables are made once, by its formatter: `{"columns": [...],
+# "rows": [[cell, ...]]}` of strings, the cells as the docs show them. The CLI
+# prints them and its --json holds them under "tables" (by name, beside its
+# raw fields), where tools/experiment_tables.py reads them for the results
+# files.
+
+MISSING = '–'  # A cell without a value.
+
+
+def table(columns, rows):
+  """A table: its columns and rows (lists of strings)."""
+  return {'columns': list(columns), 'rows': [list(row) for row in rows]}
+
+
+def format_aligned(tab):
+  """A table as text: first column left-aligned, the others right-aligned."""
+  lines = [tab['columns']] + tab['rows']
+  widths = [max(len(line[i]) for line in lines)
+            for i in range(len(tab['columns']))]
+  return '\n'.join('  '.join(c.ljust(w) if i == 0 else c.rjust(w)
+                              for i, (c, w) in enumerate(zip(line, widths)))
+                   .rstrip() for line in lines)
+
+
+def with_tables(report, tables):
+  """The --json of a CLI: its report (a dict of raw fields) with the tables
+  it printed, by name, under "tables"."""
+  return dict(report, tables=tables)
+
+
 def run(prog, argv, define_flags, body, precheck=None):
   """Runs `body(flag_values)` under the CLI error policy; returns exit code.
 

@@ -16,11 +16,13 @@ sentences; --nobaselines skips them); see
 paper's decoding (temperature 0.5) on the offline aclsum papers; bind
 `terraformer.evaluate.examples_fn = @terraformer.data.summarization_pairs`
 for arXiv. Per-example outputs (JSONL) and the summary (JSON) are written
-into CKPT_DIR; --print_examples=N also prints the first N generated summaries
-next to their references.
+into CKPT_DIR, the summary with the tables printed under "tables" (rouge,
+fluency: {"columns", "rows"}); --print_examples=N also prints the first N
+generated summaries next to their references.
 """
 import itertools
 import json
+import os
 import sys
 
 from absl import flags
@@ -78,46 +80,98 @@ def _precheck(flag_values):
   decode_cli.check_checkpoint(flag_values.output_dir)
 
 
-_ROUGE_COLUMNS = (('rouge1', 'ROUGE-1'), ('rouge2', 'ROUGE-2'),
-                  ('rougeLsum', 'ROUGE-LSum'), ('rougeL', 'ROUGE-L'))
+ROUGE = (('rouge1', 'ROUGE-1'), ('rouge2', 'ROUGE-2'),
+         ('rougeLsum', 'ROUGE-LSum'), ('rougeL', 'ROUGE-L'))
+FLUENCY = (('known_words', 'known words (%)'),
+           ('known_trigrams', 'known trigrams (%)'),
+           ('repeated_trigrams', 'repeated trigrams (%)'))
+MISSING = common.MISSING
 
 
-def _baseline_label(name, scores, summary):
-  if name == 'lead_matched':
-    return f'lead-k matched (k {scores["sentences"]:.1f})'
-  kind, k = name.rsplit('_', 1)
-  if kind == 'random':
-    return f'random {k} (seed {summary["baseline_seed"]})'
-  return f'{kind}-{k}'
+def _f(value, fmt, scale=1):
+  return MISSING if value is None else format(scale * value, fmt)
 
 
-def format_summary(summary):
-  """Human-readable lines of an `evaluate` summary: one ROUGE F1 table (in
-  percent) with the model's row and the extractive baselines' rows."""
+def _baselines(summary):
+  """(label, scores) of the summary's extractive yardsticks, in the order
+  the tables show them: lead-k, lead-k matched, k random sentences."""
+  base = summary.get('baselines') or {}
+  k, seed = summary.get('baseline_k'), summary.get('baseline_seed')
+  labels = ((f'lead_{k}', lambda _: f'lead-{k}'),
+            ('lead_matched',
+             lambda s: f'lead-k matched (mean k {s.get("sentences", 0):.1f})'),
+            (f'random_{k}', lambda _: f'random {k} (seed {seed})'))
+  return [(label(base[key]), base[key]) for key, label in labels
+          if key in base]
+
+
+def rouge_table(summary):
+  """ROUGE F1 (%) of the model beside its extractive yardsticks (the same
+  papers), with the mean words of each one's summaries."""
+  rows = [['model'] + [_f(summary.get(key), '.2f', 100) for key, _ in ROUGE]
+          + [_f(summary.get('prediction_words'), '.1f')]]
+  rows += [[label] + [_f(scores.get(key), '.2f', 100) for key, _ in ROUGE]
+           + [_f(scores.get('words'), '.1f')]
+           for label, scores in _baselines(summary)]
+  return common.table(['F1 (%)'] + [name for _, name in ROUGE] + ['words'],
+                      rows)
+
+
+def fluency_table(summary):
+  """The model's summaries beside the references and the yardsticks (lead-k,
+  k random sentences): ROUGE-1/2/L F1, words, and the shares (%) of known
+  words, known trigrams and repeated trigrams (`evaluation.fluency`; the
+  yardsticks' are not measured); None without fluency in the summary."""
+  fluency = summary.get('fluency')
+  if not fluency:
+    return None
+  rouge = [(k, name) for k, name in ROUGE if k != 'rougeLsum']
+  shares = lambda f: [_f(f.get(k), '.1f', 100) for k, _ in FLUENCY]
+  rows = [['model'] + [_f(summary.get(k), '.2f', 100) for k, _ in rouge] +
+          [_f(summary.get('prediction_words'), '.1f')] +
+          shares(fluency['model'])]
+  rows.append(['references'] + [MISSING] * len(rouge) +
+              [_f(summary.get('reference_words'), '.1f')] +
+              shares(fluency['references']))
+  rows += [[label] + [_f(scores.get(k), '.2f', 100) for k, _ in rouge] +
+           [_f(scores.get('words'), '.1f')] + [MISSING] * len(FLUENCY)
+           for label, scores in _baselines(summary)
+           if not label.startswith('lead-k matched')]
+  return common.table(['setting'] + [name for _, name in rouge] + ['words'] +
+                      [name for _, name in FLUENCY], rows)
+
+
+def summary_tables(summary):
+  """{name: table} of an `evaluate` summary: rouge, and fluency where it
+  was measured."""
+  tables = {'rouge': rouge_table(summary)}
+  fluency = fluency_table(summary)
+  if fluency:
+    tables['fluency'] = fluency
+  return tables
+
+
+def format_summary(summary, tables=None):
+  """Human-readable lines of an `evaluate` summary: the ROUGE F1 table (in
+  percent) with the model's row and the extractive baselines' rows, the
+  fluency table, the log-perplexity and the decoding time."""
+  tables = tables or summary_tables(summary)
   lines = [f'{summary["n_examples"]} examples of split '
            f'{summary["split"]!r}, checkpoint step {summary["step"]}, '
            f'method {summary["method"]}'
            + (f' (temperature {summary["temperature"]})'
               if summary['method'] == 'sample' else '')
            + (f', no repeated {summary["no_repeat_ngram"]}-grams'
-              if summary.get('no_repeat_ngram') else '')]
-  rows = [('model', summary, summary.get('prediction_words'))]
-  rows += [(_baseline_label(name, scores, summary), scores, scores['words'])
-           for name, scores in summary.get('baselines', {}).items()]
-  width = max(len(label) for label, _, _ in rows) + 2
-  lines.append(f'{"F1 (%)":<{width}}'
-               + ''.join(f'{title:>11}' for _, title in _ROUGE_COLUMNS)
-               + f'{"words":>8}')
-  for label, scores, words in rows:
-    lines.append(f'{label:<{width}}'
-                 + ''.join(f'{100 * scores[key]:11.2f}'
-                           for key, _ in _ROUGE_COLUMNS)
-                 + (f'{words:8.1f}' if words is not None else ''))
+              if summary.get('no_repeat_ngram') else ''),
+           common.format_aligned(tables['rouge'])]
   if 'reference_words' in summary:
     lines.append(f'(references: {summary["reference_words"]:.1f} words; '
                  'ROUGE-LSum per sentence, ROUGE-L over the whole text; '
                  f'sentences by {summary["sentence_splitter"]})')
-  lines += format_fluency(summary.get('fluency'))
+  if 'fluency' in tables:
+    lines += [f'fluency vs the {summary["fluency"]["split"]} texts (shares '
+              'in %), beside ROUGE F1 (%):',
+              common.format_aligned(tables['fluency'])]
   lines.append(f'{"log-perplexity":<20} {summary["log_perplexity"]:.4f} '
                f'(perplexity {summary["perplexity"]:.2f})')
   lines.append(f'decoding: {summary["n_decoded_tokens"]} tokens in '
@@ -126,21 +180,6 @@ def format_summary(summary):
   lines.append(f'per example: {summary["examples_jsonl"]}')
   lines.append(f'summary:     {summary["summary_json"]}')
   return '\n'.join(lines)
-
-
-def format_fluency(fluency):
-  """Lines of the fluency table (percent): the model beside the references."""
-  if not fluency:
-    return []
-  percent = lambda share: '–' if share is None else f'{100 * share:.2f}'
-  lines = [f'fluency vs the {fluency["split"]} texts (%)'
-           f'{"known words":>14}{"known trigrams":>16}{"repeated trigrams":>19}']
-  for label in ('model', 'references'):
-    row = fluency[label]
-    lines.append(f'  {label:<33}{percent(row["known_words"]):>14}'
-                 f'{percent(row["known_trigrams"]):>16}'
-                 f'{percent(row["repeated_trigrams"]):>19}')
-  return lines
 
 
 def format_examples(jsonl_path, n, max_chars=600):
@@ -164,7 +203,13 @@ def _eval(flag_values):
   kwargs = {name: getattr(flag_values, name) for name in _EVALUATE_FLAGS
             if getattr(flag_values, name) is not None}
   summary = evaluation.evaluate(flag_values.output_dir, **kwargs)
-  print(format_summary(summary))
+  tables = summary_tables(summary)
+  print(format_summary(summary, tables))
+  # The summary JSON also holds the tables printed.
+  path = summary['summary_json']
+  with open(path + '.tmp', 'w', encoding='utf-8') as f:
+    json.dump(common.with_tables(summary, tables), f, indent=2)
+  os.replace(path + '.tmp', path)
   if flag_values.print_examples:
     print(format_examples(summary['examples_jsonl'],
                           flag_values.print_examples))

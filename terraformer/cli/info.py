@@ -11,7 +11,10 @@ devices (`terraformer.distributed`: weights and Adam's two slots split over
 the devices, a global batch of B sequences of L tokens split over them).
 With `--compiled`, also XLA's memory analysis of the real FSDP training step
 (`ShardedTrainer`, Adam) compiled for N CPU devices from shapes only: what
-each device holds (arguments, outputs, temporaries, peak).
+each device holds (arguments, outputs, temporaries, peak). Each of these is
+also a one-row table (the config, its count, its plan, its compiled step),
+printed, and held under "tables" by --json (parameters, plan, compiled:
+{"columns", "rows"}).
 """
 import json
 import sys
@@ -22,6 +25,7 @@ from terraformer import errors
 from terraformer.cli import common
 
 PROG = 'terraformer-info'
+GIB = 2.0 ** 30
 
 
 def _define_flags(flag_values):
@@ -56,37 +60,64 @@ def format_table(count):
   return '\n'.join(rows)
 
 
-def format_plan(plan, device_memory_gb=0.0):
+def parameters(total):
+  """775.4M, 16.88B, 52,224: a parameter count as the docs write it."""
+  if total >= 1e9:
+    return f'{total / 1e9:.2f}B'
+  if total >= 1e6:
+    return f'{total / 1e6:.1f}M'
+  return f'{total:,}'
+
+
+def parameters_table(config_name, count):
+  """The config and its parameter count, one row."""
+  return common.table(['config', 'parameters'],
+                      [[config_name, parameters(count.total)]])
+
+
+def plan_table(config_name, plan):
+  """The planned GiB per device of FSDP training (`memory_plan`), one row:
+  weights, Adam's slots, activations (the residual stream's estimate)."""
+  return common.table(
+      ['config', 'devices', 'weights', 'Adam slots', 'activations (est.)',
+       'total'],
+      [[config_name, str(plan['devices'])] + [
+          f'{plan[k] / GIB:.3f}' for k in (
+              'weights_bytes_per_device', 'slots_bytes_per_device',
+              'activation_bytes_per_device', 'total_bytes_per_device')]])
+
+
+def format_plan(config_name, plan, device_memory_gb=0.0):
   """Human-readable per-device memory of a `memory_plan.memory_plan`."""
-  gib = 2.0 ** 30
-  rows = [f'FSDP over {plan["devices"]} devices, per device:']
-  for label, key in (('weights', 'weights_bytes_per_device'),
-                     ('optimizer slots (Adam)', 'slots_bytes_per_device'),
-                     ('activations (residual stream estimate)',
-                      'activation_bytes_per_device'),
-                     ('total', 'total_bytes_per_device')):
-    rows.append(f'  {label:<40} {plan[key] / gib:>10.3f} GiB')
-  rows.append(f'  (of the weights, replicated small arrays: '
-              f'{plan["replicated_bytes_per_device"] / 2**20:.2f} MiB)')
+  rows = [f'FSDP over {plan["devices"]} devices, per device (GiB):',
+          common.format_aligned(plan_table(config_name, plan)),
+          f'(of the weights, replicated small arrays: '
+          f'{plan["replicated_bytes_per_device"] / 2**20:.2f} MiB)']
   if device_memory_gb:
-    fits = plan['total_bytes_per_device'] <= device_memory_gb * gib
-    rows.append(f'  {"fits" if fits else "does NOT fit"} in '
+    fits = plan['total_bytes_per_device'] <= device_memory_gb * GIB
+    rows.append(f'{"fits" if fits else "does NOT fit"} in '
                 f'{device_memory_gb:g} GiB per device')
   return '\n'.join(rows)
 
 
-def format_compiled(memory, n_devices):
+def compiled_table(config_name, memory, n_devices):
+  """`ShardedTrainer.compiled_step_memory` per device, one row: what the
+  arguments (weights, slots, batch) and temporaries take, the peak; then
+  the outputs and how much of them is written over donated arguments."""
+  return common.table(
+      ['config', 'devices', 'arguments (weights + slots + batch)',
+       'temporaries', 'peak', 'outputs', 'outputs over donated arguments'],
+      [[config_name, str(n_devices)] + [
+          f'{memory[k] / GIB:.3f} GiB' for k in (
+              'arguments', 'temporaries', 'peak', 'outputs', 'aliased')]])
+
+
+def format_compiled(config_name, memory, n_devices):
   """Human-readable `ShardedTrainer.compiled_step_memory`."""
-  gib = 2.0 ** 30
-  rows = [f'Compiled FSDP training step over {n_devices} devices (XLA memory '
-          'analysis), per device:']
-  for label, key in (('arguments (weights, slots, batch)', 'arguments'),
-                     ('outputs', 'outputs'),
-                     ('of them written over donated arguments', 'aliased'),
-                     ('temporaries (activations, scratch)', 'temporaries'),
-                     ('peak', 'peak')):
-    rows.append(f'  {label:<40} {memory[key] / gib:>10.3f} GiB')
-  return '\n'.join(rows)
+  return '\n'.join([
+      f'Compiled FSDP training step over {n_devices} devices (XLA memory '
+      'analysis), per device:',
+      common.format_aligned(compiled_table(config_name, memory, n_devices))])
 
 
 def _precheck(flag_values):
@@ -112,19 +143,26 @@ def _info(flag_values):
   if flag_values.compiled:
     compiled = param_count.compiled_step_memory(flag_values.batch_size,
                                                 flag_values.length)
+  name = '+'.join(flag_values.config_file or []) or common.MISSING
+  tables = {'parameters': parameters_table(name, count)}
+  if plan:
+    tables['plan'] = plan_table(name, plan)
+  if compiled:
+    tables['compiled'] = compiled_table(name, compiled, flag_values.devices)
   if flag_values.json:
     report = {'by_layer': count.by_layer, 'total': count.total}
     if plan:
       report['per_device'] = plan
     if compiled:
       report['compiled_per_device'] = compiled
-    print(json.dumps(report, indent=2))
+    print(json.dumps(common.with_tables(report, tables), indent=2))
   else:
     print(format_table(count))
+    print(common.format_aligned(tables['parameters']))
     if plan:
-      print(format_plan(plan, flag_values.device_memory_gb))
+      print(format_plan(name, plan, flag_values.device_memory_gb))
     if compiled:
-      print(format_compiled(compiled, flag_values.devices))
+      print(format_compiled(name, compiled, flag_values.devices))
   return 0
 
 

@@ -27,7 +27,8 @@ For each input length the model's gradient step is compiled the same way
 (memory), and where it needs at most --time_budget_gb it also runs on random
 tokens: the median ms of --repeats calls after a warm-up
 (`terraformer.benchmarks.long_input` measures; the table and --plot are
-made here).
+made here). --json prints the report instead, with the table under
+"tables" (depth or lengths: {"columns", "rows"}).
 """
 import json
 import sys
@@ -86,35 +87,42 @@ def step_memory(model_fn, n_layers, reversible, batch_size, input_len,
   return lib.memory_of(compiled)
 
 
-def format_depth_table(rows):
-  """Total and temporary MiB per layer count, reversible vs not."""
-  lines = [f'{"layers":>6}  {"reversible MiB":>14} {"(temp)":>8}  '
-           f'{"non-reversible MiB":>18} {"(temp)":>8}  {"ratio":>6}']
+def depth_table(rows):
+  """Total and temporary MiB per layer count, reversible and not, and the
+  ratio of the totals."""
+  table = []
   for row in rows:
     rev, plain = row['reversible'], row['non_reversible']
-    lines.append(
-        f'{row["layers"]:>6}  {rev["total"] / MIB:>14.1f} '
-        f'{rev["temp"] / MIB:>8.1f}  {plain["total"] / MIB:>18.1f} '
-        f'{plain["temp"] / MIB:>8.1f}  {plain["total"] / rev["total"]:>6.2f}')
-  return '\n'.join(lines)
+    table.append([str(row['layers']),
+                  f'{rev["total"] / MIB:.1f}', f'{rev["temp"] / MIB:.1f}',
+                  f'{plain["total"] / MIB:.1f}', f'{plain["temp"] / MIB:.1f}',
+                  f'{plain["total"] / rev["total"]:.2f}'])
+  return common.table(['layers', 'reversible', '(temporaries)',
+                       'not reversible', '(temporaries)', 'ratio'], table)
 
 
-def format_length_table(report):
-  """`long_input.length_sweep`'s rows of each model: one row per input
-  length, total MiB and step ms of each model."""
-  names = list(report['models'])
-  lens = [row['input_len'] for row in report['models'][names[0]]]
-  header = f'{"input":>6}' + ''.join(f'  {n + " MiB":>22} {"ms":>8}'
-                                     for n in names)
-  lines = [header]
-  for i, input_len in enumerate(lens):
-    cells = []
-    for name in names:
-      row = report['models'][name][i]
-      ms = '-' if row['step_ms'] is None else f'{row["step_ms"]:.0f}'
-      cells.append(f'  {row["memory"]["total"] / MIB:>22.1f} {ms:>8}')
-    lines.append(f'{input_len:>6}' + ''.join(cells))
-  return '\n'.join(lines)
+def lengths_table(report):
+  """`long_input.length_sweep`'s rows of each model: a row per input
+  length, the MiB of each model, then the step ms of each model timed at
+  some length (MISSING where a model was not measured or not run)."""
+  models = {name: {row['input_len']: row for row in rows}
+            for name, rows in report['models'].items()}
+  lens = sorted({n for rows in models.values() for n in rows})
+  timed = [m for m, rows in models.items()
+           if any(r.get('step_ms') is not None for r in rows.values())]
+  table = []
+  for n in lens:
+    row = [str(n)]
+    for m in models:
+      r = models[m].get(n)
+      row.append(common.MISSING if r is None else
+                 f'{r["memory"]["total"] / MIB:.1f}')
+    for m in timed:
+      ms = (models[m].get(n) or {}).get('step_ms')
+      row.append(common.MISSING if ms is None else f'{ms:.0f}')
+    table.append(row)
+  return common.table(['input tokens'] + list(models) +
+                      [f'{m} ms' for m in timed], table)
 
 
 def plot_lengths(report, path):
@@ -160,13 +168,16 @@ def _bench(flag_values):
     rows.append(row)
     if not flag_values.json:
       print(f'compiled {n} + {n} layers', file=sys.stderr, flush=True)
+  tables = {'depth': depth_table(rows)}
   if flag_values.json:
-    print(json.dumps({**sizes, 'rows': rows}, indent=2))
+    print(json.dumps(common.with_tables({**sizes, 'rows': rows}, tables),
+                     indent=2))
   else:
     print(f'gradient step, batch {sizes["batch_size"]}, input '
-          f'{sizes["input_len"]}, target {sizes["target_len"]} tokens; '
-          'memory = arguments + outputs (gradients) + temporaries')
-    print(format_depth_table(rows))
+          f'{sizes["input_len"]}, target {sizes["target_len"]} tokens; MiB '
+          '= arguments + outputs (gradients) + temporaries; ratio = not '
+          'reversible / reversible')
+    print(common.format_aligned(tables['depth']))
   return 0
 
 
@@ -191,14 +202,16 @@ def _length_bench(flag_values, model_files):
         log=lambda m: print(f'  {m}', file=sys.stderr, flush=True))
   if flag_values.plot:
     plot_lengths(report, flag_values.plot)
+  tables = {'lengths': lengths_table(report)}
   if flag_values.json:
-    print(json.dumps(report, indent=2))
+    print(json.dumps(common.with_tables(report, tables), indent=2))
   else:
     print(f'gradient step, batch {report["batch_size"]}, target '
           f'{report["target_len"]} tokens; MiB = compiled arguments + outputs '
-          f'+ temporaries; ms = median of {flag_values.repeats} steps '
-          f'(- : over {flag_values.time_budget_gb:g} GiB, not run)')
-    print(format_length_table(report))
+          f'+ temporaries; ms = median of {flag_values.repeats} steps, for '
+          f'the models timed ({common.MISSING} : over '
+          f'{flag_values.time_budget_gb:g} GiB, not run)')
+    print(common.format_aligned(tables['lengths']))
     if flag_values.plot:
       print(f'plot: {flag_values.plot}')
   return 0

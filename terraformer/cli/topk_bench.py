@@ -8,7 +8,8 @@
 Pietruszka et al. App. B.5 (Figs. 5, 6): prints a markdown table of the
 median jitted time (ms per batch) and the nCCS to the exact top-k of each
 method for every k < n; `terraformer.benchmarks.topk` measures, the table
-and --plot are made here.
+and --plot are made here. --json writes the report with that table under
+"tables" (topk: {"columns", "rows"}).
 """
 import json
 import sys
@@ -67,23 +68,41 @@ def _check(flag_values):
   return ns, ks
 
 
-def format_table(report):
-  """Markdown table: per (k, n), ms and nCCS of each method."""
+# The methods as the tables name them.
+LABELS = {'sh': 'SH', 'sh_unsorted': 'unsorted', 'sh_plain': 'plain',
+          'goyal': 'Goyal', 'hard': 'hard top-k'}
+
+
+def _ms(value):
+  return f'{value:.2f}' if value < 10 else f'{value:.1f}'
+
+
+def topk_table(report):
+  """Per (k, n): the median ms of each method, then the nCCS of each but
+  the exact one (1 by definition); MISSING where a method did not run."""
   methods = report['methods']
-  head = ['k', 'n'] + [f'{m} ms' for m in methods] + [
-      f'{m} nCCS' for m in methods if m != 'hard']
-  lines = [f"top-k operators, batch {report['batch']}, d {report['d']}, "
-           f"median of {report['repeats']} (jitted)",
-           '| ' + ' | '.join(head) + ' |',
-           '|' + '---|' * len(head)]
+  similar = [m for m in methods if m != 'hard']
+  name = lambda m: LABELS.get(m, m)
+  rows = []
   for row in report['rows']:
     cells = [str(row['k']), str(row['n'])]
-    for m in methods:
-      cells.append('-' if row[m] is None else f"{row[m]['ms']:.3f}")
-    for m in methods:
-      if m != 'hard':
-        cells.append('-' if row[m] is None else f"{row[m]['nccs']:.3f}")
-    lines.append('| ' + ' | '.join(cells) + ' |')
+    cells += [common.MISSING if row.get(m) is None else _ms(row[m]['ms'])
+              for m in methods]
+    cells += [common.MISSING if row.get(m) is None
+              else f"{row[m]['nccs']:.3f}" for m in similar]
+    rows.append(cells)
+  return common.table(['k', 'n'] + [f'{name(m)} ms' for m in methods] +
+                      [f'{name(m)} nCCS' for m in similar], rows)
+
+
+def format_table(report):
+  """Markdown table: per (k, n), ms and nCCS of each method."""
+  table = topk_table(report)
+  lines = [f"top-k operators, batch {report['batch']}, d {report['d']}, "
+           f"median of {report['repeats']} (jitted)",
+           '| ' + ' | '.join(table['columns']) + ' |',
+           '|' + '---|' * len(table['columns'])]
+  lines += ['| ' + ' | '.join(row) + ' |' for row in table['rows']]
   return '\n'.join(lines)
 
 
@@ -137,7 +156,8 @@ def _bench(flag_values):
     print(f'plot: {flag_values.plot}')
   if flag_values.json:
     with open(flag_values.json, 'w') as f:
-      json.dump(report, f, indent=2)
+      json.dump(common.with_tables(report, {'topk': topk_table(report)}), f,
+                indent=2)
   return 0
 
 

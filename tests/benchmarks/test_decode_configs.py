@@ -239,8 +239,8 @@ def test_xla_ops_per_block():
     assert r['ops_per_token'] > 3 * r['ops_per_block']
     assert sum(r['ops_per_block_by_kind'].values()) == r['ops_per_block']
   assert dense['ops_per_block_by_kind'].get('dot', 0) >= 1
-  assert bench_format.format_xla_ops([dense]).split()[:2] == ['dense', '%.1f' % (
-      dense['ops_per_block'])]
+  assert bench_format.format_xla_ops([dense]).splitlines()[1].split()[:2] == [
+      'dense', f"{dense['ops_per_block']:g}"]
 
 
 def test_dense_is_no_sparsity_keyword_and_no_terraformer():
@@ -318,12 +318,18 @@ def test_dense_speedups_pair_each_model_with_its_storages_dense_model():
     r.update(ms_per_token_min=r['ms_per_token'],
              ms_per_token_max=r['ms_per_token'], bytes_per_token=1e6,
              speedup=1.0)
+  table = bench_format.speed_table(report)
+  columns = table['columns']
+  assert (columns.index('per block') < columns.index('vs dense') <
+          columns.index('vs dense bound'))
+  dense_cells = lambda name: next(
+      r for r in table['rows'] if r[0] == name)[columns.index('vs dense'):
+                                                columns.index('vs dense') + 2]
+  assert dense_cells('sparse int8') == ['4.00x', '2.50x']
+  assert dense_cells('sparse q8') == ['–', '–']
   lines = bench_format.format_table(report).splitlines()
-  header = lines[0]
-  assert (header.index('sp/block') < header.index('vs dense ') <
-          header.index('vs dense@bound') < header.index('vs Trax'))
+  assert lines[:len(table['rows']) + 1] == bench_format.common.format_aligned(
+      table).splitlines()
   sparse_int8 = next(l for l in lines if l.startswith('sparse int8 ')).split()
-  assert sparse_int8[-3:] == ['4.00x', '2.50x', '-']
-  q8 = next(l for l in lines if l.startswith('sparse q8 ')).split()
-  assert q8[-3:] == ['-', '-', '-']
+  assert sparse_int8[-4:-2] == ['4.00x', '2.50x']
   assert bench_format.DENSE_NOTE in lines

@@ -116,8 +116,13 @@ def test_agreement_table_and_json(tmp_path, capsys):
   assert rows[0].split()[:3] == ['model', 'decode', 'path']
   assert rows[2].split()[0] == 'dense+sparse+bf16'
   report = json.loads(path.read_text())
-  assert [r['max_abs_logit_delta'] == 0 for r in report] == [True, False]
-  assert 'bfloat16' in report[1]['decode_path']
+  models = report['models']
+  assert [r['max_abs_logit_delta'] == 0 for r in models] == [True, False]
+  assert 'bfloat16' in models[1]['decode_path']
+  # The JSON holds the table printed.
+  table = report['tables']['agreement']
+  assert table == bench_format.agreement_table(models)
+  assert rows[:3] == bench_format.common.format_aligned(table).splitlines()
 
 
 def test_table_and_json(tmp_path, capsys):
@@ -133,6 +138,11 @@ def test_table_and_json(tmp_path, capsys):
   report = json.loads(path.read_text())
   models = report['models']
   assert [m['name'] for m in models] == ['dense', 'dense+sparse']
+  # The JSON holds the tables printed: speed (the first lines) and memory.
+  speed = report['tables']['speed']
+  assert speed == bench_format.speed_table(report)
+  assert rows[:3] == bench_format.common.format_aligned(speed).splitlines()
+  assert report['tables']['memory'] == bench_format.memory_table(report)
   for m in models:
     for key in ('ms_per_token', 'ms_per_block', 'bytes_per_token',
                 'bound_ms_per_token'):
@@ -230,7 +240,7 @@ def test_agreement_of_every_variant_on_a_trained_checkpoint(
                         *tiny_checkpoints.config_args(run), '--tokens=64',
                         '--prompt_len=8', f'--json={path}')
   assert code == 0, err
-  report = json.loads(path.read_text())
+  report = json.loads(path.read_text())['models']
   assert [r['name'] for r in report] == [
       'lm_sparse+' + v.replace(':', '_') for v in VARIANTS]
   reference = report[0]
@@ -264,7 +274,8 @@ def test_agreement_of_every_variant_on_a_trained_checkpoint(
   assert rows[0].split()[-2:] == ['first', 'difference']
   assert f'the weights of {checkpoint} (step {TRAINED_STEPS})' in rows[6]
   assert 'teacher-forced' in rows[6]
-  assert rows[-1] == bench_format.format_machine(report[0]['machine'])
+  assert rows[-1] == bench_format.format_machine(
+      json.loads(path.read_text())['machine'])
 
 
 def test_agreement_sees_noisy_weights_and_reads_a_prompt_file(
@@ -292,7 +303,7 @@ def test_agreement_sees_noisy_weights_and_reads_a_prompt_file(
       *[f'--config={b}' for b in bindings], '--tokens=64', '--prompt_len=8',
       f'--json={path}')
   assert code == 0, err
-  reference, noise = json.loads(path.read_text())
+  reference, noise = json.loads(path.read_text())['models']
   assert (reference['noise'], noise['noise']) == (0, 0.5)
   assert noise['greedy_agreement'] < 1
   assert noise['first_difference'] is not None
@@ -343,7 +354,11 @@ def test_sweep_writes_plot_and_json(tmp_path, capsys):
     assert row['models']['dense']['speedup'] == 1.0
     assert row['models']['dense+sparse']['bytes_per_token'] < (
         row['models']['dense']['bytes_per_token'])
-  assert len([l for l in out.splitlines() if l.startswith('d_model')]) == 4
+  # The table printed (a row per d_model) is the JSON's.
+  assert report['tables']['sweep'] == bench_format.sweep_table(report)
+  assert out.splitlines()[:3] == bench_format.common.format_aligned(
+      report['tables']['sweep']).splitlines()
+  assert [r[0] for r in report['tables']['sweep']['rows']] == ['32', '64']
 
 
 def test_console_script(tmp_path):

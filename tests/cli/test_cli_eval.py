@@ -62,10 +62,14 @@ def test_rouge_matches_rouge_score_on_the_jsonl(encdec_checkpoint, capsys):
     assert summary['baselines']['lead_3'][name] == pytest.approx(
         np.mean([r['baselines']['lead_3'][name] for r in rows]))
   table = [l for l in out.splitlines()
-           if l.startswith(('model ', 'lead-3 ', 'lead-k matched (k ',
+           if l.startswith(('model ', 'lead-3 ', 'lead-k matched (mean k ',
                             'random 3 (seed 0) '))]
-  assert len(table) == 4, out
+  assert len(table) == 4 + 3, out  # The ROUGE table, then the fluency one.
   assert f'{100 * summary["baselines"]["lead_3"]["rouge2"]:.2f}' in table[1]
+  # The summary file holds the tables printed.
+  assert summary['tables'] == eval_cli.summary_tables(summary)
+  assert table[:4] == eval_cli.common.format_aligned(
+      summary['tables']['rouge']).splitlines()[1:]
   # Fluency of the predictions and, as their yardstick, of the references,
   # against the train papers: test abstracts are English, so most of their
   # words and a share of their trigrams occur in the train papers.
@@ -75,11 +79,10 @@ def test_rouge_matches_rouge_score_on_the_jsonl(encdec_checkpoint, capsys):
   assert 0 < refs['trigrams'] < refs['words']
   assert 0.8 < refs['known_words'] <= 1 and 0.1 < refs['known_trigrams'] < 1
   printed = [l.split() for l in out.splitlines()
-             if l.strip().startswith(('model ', 'references '))
-             and len(l.split()) == 4]
+             if l.startswith(('model ', 'references ')) and len(l.split()) == 8]
   assert [p[0] for p in printed] == ['model', 'references'], out
-  assert printed[1][1:3] == [f'{100 * refs["known_words"]:.2f}',
-                             f'{100 * refs["known_trigrams"]:.2f}']
+  assert printed[1][5:7] == [f'{100 * refs["known_words"]:.1f}',
+                             f'{100 * refs["known_trigrams"]:.1f}']
 
 
 def test_log_perplexity_matches_the_training_eval(encdec_checkpoint, capsys):
@@ -140,14 +143,18 @@ def test_user_errors(encdec_checkpoint, lm_checkpoint, capsys, tmp_path):
   assert not any(n.startswith('eval_') for n in os.listdir(lm_ckpt))
 
 
-def test_format_fluency_prints_model_and_references_in_percent():
+def test_fluency_table_gives_model_and_references_in_percent():
   row = lambda words, trigrams, repeated: {
       'known_words': words, 'known_trigrams': trigrams,
       'repeated_trigrams': repeated, 'words': 10, 'trigrams': 8}
-  lines = eval_cli.format_fluency({'split': 'train',
-                                   'model': row(0.9, 0.125, None),
-                                   'references': row(1.0, 0.5, 0.0)})
-  assert 'train' in lines[0] and 'known trigrams' in lines[0]
-  assert lines[1].split() == ['model', '90.00', '12.50', '–']
-  assert lines[2].split() == ['references', '100.00', '50.00', '0.00']
-  assert eval_cli.format_fluency({}) == []
+  summary = {'rouge1': 0.25, 'rouge2': 0.015, 'rougeL': 0.16,
+             'prediction_words': 90.14, 'reference_words': 116.86,
+             'fluency': {'split': 'train', 'model': row(0.9, 0.125, None),
+                         'references': row(1.0, 0.5, 0.0)}}
+  table = eval_cli.fluency_table(summary)
+  assert table['columns'][-3:] == ['known words (%)', 'known trigrams (%)',
+                                   'repeated trigrams (%)']
+  assert table['rows'] == [
+      ['model', '25.00', '1.50', '16.00', '90.1', '90.0', '12.5', '–'],
+      ['references', '–', '–', '–', '116.9', '100.0', '50.0', '0.0']]
+  assert eval_cli.fluency_table({}) is None

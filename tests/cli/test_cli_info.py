@@ -32,17 +32,28 @@ def test_bindings_change_the_count(tmp_path, capsys):
                       '--config=TransformerLM.d_ff = 48', '--json')
   assert code == 0
   expected = tiny_lm.transformer_lm_params(n_layers=3, d_ff=48)
-  assert json.loads(out) == {'by_layer': expected,
-                             'total': sum(expected.values())}
+  result = json.loads(out)
+  tables = result.pop('tables')
+  assert result == {'by_layer': expected, 'total': sum(expected.values())}
+  # The table the CLI prints: the config and its count.
+  assert tables['parameters']['rows'] == [
+      [tiny_lm.write_config(tmp_path), info_cli.parameters(
+          sum(expected.values()))]]
 
 
 def test_table(tmp_path, capsys):
   code, out, _ = _run(capsys, '--config_file=' + tiny_lm.write_config(tmp_path))
   assert code == 0
   expected = tiny_lm.transformer_lm_params()
-  rows = {line.split()[0]: line.split()[1] for line in out.splitlines()[1:]}
+  lines = out.splitlines()
+  end = next(i for i, l in enumerate(lines) if l.startswith('total '))
+  rows = {line.split()[0]: line.split()[1] for line in lines[1:end + 1]}
   assert rows == {**{k: f'{v:,}' for k, v in expected.items()},
                   'total': f'{sum(expected.values()):,}'}
+  # Then the config and its parameters, as the docs write them.
+  assert lines[end + 1].split() == ['config', 'parameters']
+  assert lines[end + 2].split()[1] == info_cli.parameters(
+      sum(expected.values()))
 
 
 def test_errors(tmp_path, capsys):
@@ -76,6 +87,8 @@ def test_devices_split_weights_slots_and_activations(tmp_path, capsys):
     assert code == 0
     result = json.loads(out)
     plans[n] = result['per_device']
+    assert result['tables']['plan'] == info_cli.plan_table(
+        config[len('--config_file='):], plans[n])
   total = sum(tiny_lm.transformer_lm_params().values())
   assert plans[1]['weights_bytes'] == 4 * total  # float32, every weight.
   assert plans[1]['weights_bytes_per_device'] == 4 * total

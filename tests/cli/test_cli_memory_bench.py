@@ -46,6 +46,9 @@ def test_reversible_memory_grows_slower_with_depth(tmp_path, capsys):
       1, 512, 32)
   rows = {row['layers']: row for row in result['rows']}
   assert sorted(rows) == [1, 2]
+  # The table the CLI prints without --json.
+  assert result['tables'] == {'depth': memory_bench.depth_table(
+      result['rows'])}
   for row in rows.values():
     for kind in ('reversible', 'non_reversible'):
       m = row[kind]
@@ -114,6 +117,7 @@ def test_memory_grows_slower_with_length_when_pooled(tmp_path, capsys):
   report = json.loads(out)
   assert (report['batch_size'], report['target_len']) == (1, 32)
   assert list(report['models']) == ['full', 'pooled']
+  assert report['tables'] == {'lengths': memory_bench.lengths_table(report)}
   growth = {}
   for name, rows in report['models'].items():
     assert [r['input_len'] for r in rows] == [128, 512]
@@ -135,10 +139,10 @@ def test_length_table_and_budget(tmp_path, capsys):
   assert code == 0
   lines = out.splitlines()
   assert lines[0].startswith('gradient step, batch 1, target 32 tokens')
-  assert lines[1].split() == ['input', 'full', 'MiB', 'ms']
+  assert lines[1].split() == ['input', 'tokens', 'full']
   cells = lines[2].split()
-  # Over the time budget (0 GiB): compiled for memory, not run.
-  assert cells[0] == '512' and float(cells[1]) > 0 and cells[2] == '-'
+  # Over the time budget (0 GiB): compiled for memory, not run (no ms).
+  assert cells[0] == '512' and float(cells[1]) > 0 and len(cells) == 2
   assert len(lines) == 3
 
 
