@@ -1,4 +1,5 @@
 """terraformer: Scaling Transformers and the Terraformer as Trax combinators."""
+import glob
 import importlib.util
 import os
 import re
@@ -33,13 +34,23 @@ def _xla_ffi_include():
   return include if os.path.isdir(include) else None
 
 
-# The fused decode kernels (terraformer/kernels), called through
-# jax.ffi: a plain shared library loaded with ctypes. Optional: without a
-# compiler or the headers the install goes on and decoding keeps XLA's path.
+# The fused decode kernels (terraformer/kernels/*.cc and their headers),
+# called through jax.ffi: one shared library loaded with ctypes. Optional:
+# without a compiler or the headers the install goes on and decoding keeps
+# XLA's path.
 _include = _xla_ffi_include()
+
+
+def _kernel_files(pattern):
+  """The kernels' files matching `pattern`, relative to this folder."""
+  return sorted(glob.glob(os.path.join('terraformer', 'kernels', pattern),
+                          root_dir=_HERE))
+
+
 _kernels = [setuptools.Extension(
     'terraformer.kernels._decode_kernels',
-    sources=['terraformer/kernels/decode_kernels.cc'],
+    sources=_kernel_files('*.cc'),
+    depends=_kernel_files('*.h'),
     include_dirs=[_include] if _include else [],
     language='c++',
     extra_compile_args=['-O3', '-std=c++17', '-fno-math-errno'],
@@ -69,9 +80,9 @@ setuptools.setup(
     packages=setuptools.find_packages(include=['terraformer', 'terraformer.*'])
     + ['terraformer.gin_configs'],
     package_dir={'terraformer.gin_configs': 'gin'},
-    # The kernels' source travels in the sdist whether or not this build
-    # found the headers to compile it (a wheel built from the sdist does).
-    package_data={'terraformer.kernels': ['decode_kernels.cc'],
+    # The kernels' sources travel in the sdist whether or not this build
+    # found the headers to compile them (a wheel built from the sdist does).
+    package_data={'terraformer.kernels': ['*.cc', '*.h'],
                   'terraformer.gin_configs': ['*/*.gin', '*/*/*.gin']},
     ext_modules=_kernels,
     python_requires='>=3.11,<3.12',

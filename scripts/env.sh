@@ -6,10 +6,11 @@ set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 venv="$root/.venv"
 stamp="$venv/.terraformer-stamp"
-# The decode kernels (terraformer/kernels/*.cc) are compiled by the install:
-# a changed source reinstalls too.
+# The decode kernels (terraformer/kernels/*.cc, *.h) are compiled by the
+# install: a changed source reinstalls too.
 want="$(cat "$root/setup.py" "$root/pyproject.toml" "$root/constraints.txt" \
-  "$root"/terraformer/kernels/*.cc | sha256sum | cut -d' ' -f1)"
+  "$root"/terraformer/kernels/*.cc "$root"/terraformer/kernels/*.h \
+  | sha256sum | cut -d' ' -f1)"
 
 if [[ -f "$stamp" && "$(cat "$stamp")" == "$want" ]]; then
   exit 0

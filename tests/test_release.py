@@ -158,11 +158,20 @@ def test_package_metadata(setup_kwargs):
       'Programming Language :: Python :: 3.11',
       'Topic :: Scientific/Engineering :: Artificial Intelligence',
   } <= set(setup_kwargs['classifiers'])
-  # The kernels' source is in the sdist, so a wheel built from it compiles.
-  assert setup_kwargs['package_data']['terraformer.kernels'] == [
-      'decode_kernels.cc']
-  assert os.path.isfile(os.path.join(ROOT, 'terraformer', 'kernels',
-                                     'decode_kernels.cc'))
+  # The kernels' sources are in the sdist, so a wheel built from it
+  # compiles: every .cc and .h of terraformer/kernels, and the extension
+  # compiles every .cc.
+  import fnmatch  # pylint: disable=import-outside-toplevel
+  folder = os.path.join('terraformer', 'kernels')
+  sources = sorted(f for f in os.listdir(os.path.join(ROOT, folder))
+                   if f.endswith(('.cc', '.h')))
+  assert {'ffi.cc', 'isa.h'} <= set(sources)
+  patterns = setup_kwargs['package_data']['terraformer.kernels']
+  assert [f for f in sources
+          if not any(fnmatch.fnmatch(f, p) for p in patterns)] == []
+  (extension,) = setup_kwargs['ext_modules']
+  assert extension.sources == [os.path.join(folder, f) for f in sources
+                               if f.endswith('.cc')]
 
 
 def test_the_wheel_carries_every_gin_file(setup_kwargs):

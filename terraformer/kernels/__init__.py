@@ -1,7 +1,8 @@
 """Fused C++ decode kernels called through XLA's FFI.
 
-`decode_kernels.cc` is compiled by `pip install -e .` (setup.py) into
-`_decode_kernels*.so` next to this file. It is loaded with ctypes and its
+The C++ sources next to this file (one extension: `ffi.cc` binds the
+kernels, its header says which file holds what) are compiled by `pip install
+-e .` (setup.py) into `_decode_kernels*.so`. It is loaded with ctypes and its
 handlers registered with `jax.ffi` on first use; `available()` is False when
 the library was not built (or fails to load), and callers then keep the XLA
 path: importing this package never needs the library.

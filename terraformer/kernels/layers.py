@@ -85,9 +85,9 @@ from terraformer.layers.sparse_ff import SparseFF
 from terraformer.layers.sparse_qkv_attention import ModuleConv
 
 STORAGES = ('float32', 'bfloat16', 'int8', 'q8')
-# The Q8 GEMV's layout (terraformer/kernels/decode_kernels.cc, "The Q8
-# GEMV"): outputs per group, inputs per activation scale (K is padded to a
-# multiple of it), and the smallest block maximum that is not quantized to 0.
+# The Q8 GEMV's layout (terraformer/kernels/q8_gemv.cc, "The Q8 GEMV"):
+# outputs per group, inputs per activation scale (K is padded to a multiple
+# of it), and the smallest block maximum that is not quantized to 0.
 Q8_ROWS = 16
 Q8_BLOCK = 32
 Q8_TINY = 1e-30
@@ -122,7 +122,7 @@ def pack_q8(w):
   One symmetric scale per output n (W[:, n] ~= q[:, n] * scale[n]), and
   packed[g, p, j, i] = q[4p + i, 16g + j], zeros past K and N: 64 bytes
   hold 4 consecutive inputs of 16 outputs, what one vpdpbusd multiplies
-  (decode_kernels.cc, "The Q8 GEMV").
+  (q8_gemv.cc, "The Q8 GEMV").
   """
   k, n = w.shape
   q, scale = quantize_rows(jnp.asarray(w, jnp.float32).T)  # Rows: outputs.

@@ -1,0 +1,58 @@
+// The products of a decoding step: float32 (bfloat16, int8) weights times
+// a few or many rows of float activations (matmul.cc), and the Q8 GEMV,
+// int8 weights times int8 activations (q8_gemv.cc).
+#ifndef TERRAFORMER_KERNELS_GEMV_H_
+#define TERRAFORMER_KERNELS_GEMV_H_
+
+#include <cstdint>
+
+#include "isa.h"
+#include "xla/ffi/api/ffi.h"
+
+namespace terraformer::kernels {
+
+namespace ffi = xla::ffi;
+
+// From this many rows (and columns of W under one panel) the vector paths
+// block rows in registers (RowsAvx2, AVX-512 CPUs too: the AVX-512 panel
+// path, one pass of W per row, was 3x slower than XLA on sparse QKV's 64
+// rows) and split row groups over the pool.
+constexpr int64_t kManyRows = 8;
+constexpr int64_t kRowGroup = 8;
+
+// y[r, n] = sum_k xs[r, k] W[k, n] for n in [n0, n1) on `isa`'s path; W
+// [K, N] row-major, y rows of stride ldy (matmul.cc). float W only.
+template <typename W>
+void Panel(Isa isa, const float* xs, int64_t R, int64_t K, const W* w,
+           int64_t N, float* y, int64_t ldy, int64_t n0, int64_t n1);
+
+// y = xs [R, K] W [K, N], y rows of stride ldy, split over `pool` when
+// large (matmul.cc). W float, uint16_t (bfloat16) or int8_t.
+template <typename W>
+void Matmul(ffi::ThreadPool* pool, const float* xs, int64_t R, int64_t K,
+            const W* w, int64_t N, float* y, int64_t ldy);
+
+// The Q8 GEMV's packed layout (q8_gemv.cc, "The Q8 GEMV").
+constexpr int64_t kQ8Rows = 16;   // Outputs per group (one 512-bit vector).
+constexpr int64_t kQ8Block = 32;  // Inputs per activation scale.
+
+// Where one product writes: y row r at y + r * N, its bias (or none) at
+// bias + (r % S) * N; w_scale [N].
+struct Q8Out {
+  const float* w_scale;
+  const float* bias;
+  int64_t S, N;
+  float* y;
+};
+
+// y = the Q8 product of x [T, K] g [S, K] (rows t*S + s) and P (n_groups
+// groups of kp inputs); g8 (int8 rows with one scale per row, g_scale [S])
+// replaces g when given (q8_gemv.cc).
+void Q8Matmul(ffi::ThreadPool* pool, const float* x, int64_t T,
+              const float* g, int64_t S, int64_t K, const int8_t* p,
+              int64_t n_groups, int64_t kp, const Q8Out& o,
+              const int8_t* g8 = nullptr, const float* g_scale = nullptr);
+
+}  // namespace terraformer::kernels
+
+#endif  // TERRAFORMER_KERNELS_GEMV_H_
