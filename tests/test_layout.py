@@ -1,4 +1,6 @@
-"""The package's layout (CONTRIBUTING.md): imports only point down, no circles.
+"""The package's layout (CONTRIBUTING.md): imports only point down, no circles;
+outside it, scripts/ holds the entry points only and tools/ needs nothing
+beyond the standard library.
 
 Reads each module's `terraformer` imports (top-level and inside functions,
 and the module names written as strings in `importlib.import_module('...')`
@@ -6,6 +8,7 @@ and `__import__('...')` calls) with `ast`; nothing is imported or run.
 """
 import ast
 import os
+import sys
 
 import pytest
 
@@ -151,3 +154,31 @@ def test_a_module_imported_by_its_name_is_an_import(tmp_path, line):
   modules = _modules(str(tmp_path))
   assert modules['layers/ops'] == {'training/loop'}
   assert _upward(modules) == ['layers/ops (2) -> training/loop (6)']
+
+
+# Outside the package (CONTRIBUTING.md): scripts/ holds the entry points
+# only; tools/ the results toolchain, which any Python 3 runs (stdlib only).
+ROOT = os.path.dirname(PACKAGE)
+ENTRY_POINTS = {'env.sh', 'main.sh', 'test.sh'}
+
+
+def test_scripts_holds_the_entry_points_only():
+  found = set(os.listdir(os.path.join(ROOT, 'scripts'))) - {'__pycache__'}
+  assert found == ENTRY_POINTS, (
+      'scripts/ holds the entry points only; the results toolchain goes to '
+      'tools/, an analysis of one experiment beside it in experiments/: '
+      f'{sorted(found - ENTRY_POINTS)}')
+
+
+def test_the_toolchain_imports_only_the_standard_library_and_itself():
+  tools = os.path.join(ROOT, 'tools')
+  own = {f[:-3] for f in os.listdir(tools) if f.endswith('.py')}
+  assert {'results', 'experiment_tables'} <= own
+  other = []
+  for name in sorted(own):
+    with open(os.path.join(tools, name + '.py'), encoding='utf-8') as f:
+      tree = ast.parse(f.read())
+    other += [f'tools/{name}.py: {full}' for full in _imported_names(tree)
+              if full.split('.')[0] not in own | sys.stdlib_module_names]
+  assert not other, 'imports outside the standard library:\n' + '\n'.join(
+      other)
