@@ -17,7 +17,9 @@
 # first pooling keeps), and the curves by terraformer-export (eval
 # log-perplexity by step). It prints these; results/long_input_recall32.json
 # (tables encoders, ablations, pooling_kept, terraformer) holds them as
-# transcribed from such a run (no CLI writes those tables whole).
+# transcribed from such a run (no CLI writes those tables whole). The
+# Transpooler and Pyramidion runs feed only the table pooling_kept: their
+# rows are retired from the comparison (docs/long-input-quality.md says why).
 #
 # Cost: about 12 core-hours on the 2-core CPU (~22 core-minutes per
 # ScalingTransformer run, 45-90 per Terraformer run; run two copies of this
