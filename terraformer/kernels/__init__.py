@@ -8,16 +8,17 @@ the library was not built (or fails to load), and callers then keep the XLA
 path: importing this package never needs the library.
 
   skinny_matmul(x, g, w, scale, bias)  y[t, s*N+n] = sum_k x g[s] scale W
-  sparse_ff(x, c1, c2, c, w1t, w2, b2, s1, s2, block[, norm])  a sparse FF
-      block (norm: the LayerNorm before it, in the same call)
+  sparse_ff(x, block, norm=None, **operands)  a sparse FF block (norm: the
+      LayerNorm before it, in the same call)
   q8_matmul(x, packed, scale, g, bias)  skinny_matmul's product on int8
       weights packed output-major (`layers.pack_q8`) and int8 activations
   cache_attention(q, keys, values, idx, valid)  causal attention of a
       step's queries over a key/value cache read in place (its filled part)
-  sparse_qkv(x, ...)  sparse QKV's step ('q8'): the multiplicative layer
-      and the Q/K and V convolutions in one call
-  sparse_qkv_attention(x, ...)  that step, its keys and values written
-      into their caches in place, and the attention over them, in one call
+  sparse_qkv(x, qk_width, v_width, **operands)  sparse QKV's step ('q8'):
+      the multiplicative layer and the Q/K and V convolutions in one call
+  sparse_qkv_attention(x, qk_width, v_width, norm=None, **operands)  that
+      step, its keys and values written into their caches in place, and the
+      attention over them, in one call
   terraformer_block(x1, x2, attentions, ff, sru)  a Terraformer decoder
       block's step ('q8'): both attentions, the sparse FF block, the SRU
       path and the reversible sums, in one call
@@ -25,6 +26,10 @@ path: importing this package never needs the library.
       block's step ('q8'): the attention, the sparse-query cross-attention
       over the encoder, the sparse FF block and the residual sums, in one
       call
+
+The fused kernels (the last five) take their operands by name: the names of
+`operands` (its lists, in the order the C++ binding reads them), which
+`signature` checks against the library's own.
 
 The kernels pick their instruction set at run time: `set_isa` / the float
 kernels ('scalar', 'avx2', 'avx512'), `gemv_isa` / `set_gemv_isa` the Q8
@@ -40,6 +45,8 @@ import os
 import jax
 import jax.numpy as jnp
 import numpy as np
+
+from terraformer.kernels import operands as ops
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
 _LIB_GLOB = '_decode_kernels*.so'
@@ -85,6 +92,9 @@ def _load():
     lib.tf_set_parallel_bytes.restype = ctypes.c_int64
     lib.tf_set_gemv_isa.argtypes = [ctypes.c_int]
     lib.tf_set_gemv_isa.restype = ctypes.c_int
+    if hasattr(lib, 'tf_kernel_signature'):
+      lib.tf_kernel_signature.argtypes = [ctypes.c_char_p]
+      lib.tf_kernel_signature.restype = ctypes.c_char_p
   except (OSError, AttributeError) as e:
     _state['error'] = f'cannot load {path}: {e}'
     return None
@@ -110,6 +120,24 @@ def has_kernel(name):
   """True when the loaded library has the kernel `name` (`_OPTIONAL`)."""
   lib = _load()
   return lib is not None and hasattr(lib, name)
+
+
+def signature(key):
+  """The library's account of the fused kernel `key` (`operands.Kernel.key`):
+  (operands as (name, element type) pairs, results as names, the results
+  written in place), in binding order; None for a kernel it does not know
+  (or a library built without `tf_kernel_signature`)."""
+  lib = _load()
+  if lib is None or not hasattr(lib, 'tf_kernel_signature'):
+    return None
+  text = lib.tf_kernel_signature(key.encode())
+  if text is None:
+    return None
+  operand_lines, result_lines = text.decode().split('->\n')
+  operands = tuple(tuple(line.split()) for line in operand_lines.splitlines())
+  results = [line.split() for line in result_lines.splitlines()]
+  return (operands, tuple(r[0] for r in results),
+          tuple(r[0] for r in results if r[2:] == ['in_place']))
 
 
 def unavailable_reason():
@@ -185,45 +213,47 @@ def skinny_matmul(x, w, g=None, scale=None, bias=None):
 
 
 def _norm_operands(norm):
-  """A kernel's optional LayerNorm: (scale, bias, epsilon) or None."""
+  """A kernel's optional LayerNorm: (scale, bias, epsilon) or None ->
+  ({'norm_scale', 'norm_bias'}, epsilon); none: scale [1]."""
   if norm is None:
-    return (jnp.ones((1,), jnp.float32), jnp.zeros((1,), jnp.float32),
-            np.float32(0))
+    return (dict(norm_scale=jnp.ones((1,), jnp.float32),
+                 norm_bias=jnp.zeros((1,), jnp.float32)), np.float32(0))
   scale, bias, epsilon = norm
-  return _f32(scale), _f32(bias), np.float32(epsilon)  # An F32 attribute.
+  return (dict(norm_scale=scale, norm_bias=bias),
+          np.float32(epsilon))  # An F32 attribute.
 
 
-def sparse_ff(x, c1, c2, c, w1t, w2, b2, block, s1=None, s2=None,
-              c2_scale=None, norm=None):
+def sparse_ff(x, block, norm=None, **operands):
   """The predict-mode sparse FF block (paper §3.1) of tokens x [..., d].
 
-  C2 is float32 [r, F], or, with `c2_scale` [F], packed by
-  `layers.pack_q8` (the controller's (x C1) C2 is then the Q8 product).
+  `operands`: `operands.SPARSE_FF`'s by name: c1, c2, c, w1t, w2, b2; s1 and
+  s2 (W1ᵀ's and W2's row scales; None or absent: ones); c2_scale (None or
+  absent: C2 is float32 [r, F]; else C2 is packed by `layers.pack_q8` and
+  these are its F scales, the controller's (x C1) C2 the Q8 product).
   `norm` (scale [d], bias [d], epsilon): the block's input is first
   `tl.LayerNorm`-ed (the LayerNorm before it, in the same call).
   """
   _require()
-  operands, epsilon = _sparse_ff_operands(c1, c2, c, w1t, w2, b2, s1, s2,
-                                          c2_scale, norm)
-  out = jax.ShapeDtypeStruct(x.shape, jnp.float32)
-  return jax.ffi.ffi_call('tf_sparse_ff', out)(
-      _f32(x), *operands, block=int(block), epsilon=epsilon)
+  values, epsilon = _sparse_ff_values(operands, norm)
+  return ops.SPARSE_FF_KERNEL(dict(values, x=x), {'y': x.shape},
+                              block=int(block), epsilon=epsilon)['y']
 
 
-def _sparse_ff_operands(c1, c2, c, w1t, w2, b2, s1=None, s2=None,
-                        c2_scale=None, norm=None):
-  """The sparse FF's 11 operands after x as its kernels take them, and the
-  norm's epsilon."""
-  norm_scale, norm_bias, epsilon = _norm_operands(norm)
-  ones = jnp.ones((w1t.shape[0],), jnp.float32)
-  s1 = ones if s1 is None else _f32(s1)
-  s2 = ones if s2 is None else _f32(s2)
-  if c2_scale is None:
-    c2, c2_scale = _f32(c2), jnp.ones((1,), jnp.float32)
+def _sparse_ff_values(operands, norm=None):
+  """The sparse FF's operands by name, defaults filled in (`sparse_ff`), and
+  the norm's epsilon."""
+  values = dict(operands)
+  ones = jnp.ones((values['w1t'].shape[0],), jnp.float32)
+  for scales in ('s1', 's2'):
+    if values.get(scales) is None:
+      values[scales] = ones
+  if values.get('c2_scale') is None:
+    values['c2'], values['c2_scale'] = (_f32(values['c2']),
+                                        jnp.ones((1,), jnp.float32))
   else:
-    c2, c2_scale = jnp.asarray(c2, jnp.int8), _f32(c2_scale)
-  return (_f32(c1), c2, c2_scale, _f32(c), w1t, w2, _f32(b2), s1, s2,
-          norm_scale, norm_bias), epsilon
+    values['c2'] = jnp.asarray(values['c2'], jnp.int8)
+  norm_values, epsilon = _norm_operands(norm)
+  return dict(values, **norm_values), epsilon
 
 
 def q8_matmul(x, packed, scale, g=None, bias=None, g_scale=None):
@@ -271,89 +301,71 @@ def _valid_keys(valid):
           else jnp.asarray(valid, jnp.bool_))
 
 
-def sparse_qkv(x, d, d_scale, e, e_scale, e_bias, kept, qk, qk_scale, qk_bias,
-               v, v_scale, v_bias, qk_width, v_width):
+def sparse_qkv(x, qk_width, v_width, **operands):
   """Sparse QKV's step (paper §3.2) of one position per row, in one call.
 
-  x [B, 1, d]; the multiplicative layer's D [S, d] int8 with row scales
-  d_scale [S], E packed by `layers.pack_q8` (d -> M) with its scales e_scale
-  [M] and bias e_bias [S * M]; kept [B, F - 1, S, M], the convolution's
-  previous inputs; the Q and K kernels side by side, packed (F qk_width M
-  -> 2 M), scales and bias [2 M]; the V kernel packed (F v_width M -> M),
-  scales and bias [M]. Returns (q, k, v [B, 1, S * M], kept'): the
-  three `q8_matmul` calls of `KernelMultiplicativeDense` and
-  `KernelModuleConv`, on the same operands, with the patches built in C++.
+  x [B, 1, d]; `operands`: `operands.SPARSE_QKV`'s by name: the
+  multiplicative layer's D (d) [S, d] int8 with row scales d_scale [S], E
+  (e) packed by `layers.pack_q8` (d -> M) with its scales e_scale [M] and
+  bias e_bias [S * M]; kept [B, F - 1, S, M], the convolution's previous
+  inputs; the Q and K kernels side by side (qk), packed (F qk_width M ->
+  2 M), scales and bias [2 M]; the V kernel (v) packed (F v_width M -> M),
+  scales and bias [M]. Returns (q, k, v [B, 1, S * M], kept'): the three
+  `q8_matmul` calls of `KernelMultiplicativeDense` and `KernelModuleConv`,
+  on the same operands, with the patches built in C++.
   """
   _require()
-  b, f1, s, m = kept.shape
-  out = jax.ShapeDtypeStruct((b, 1, s * m), jnp.float32)
-  *qkv, kept = jax.ffi.ffi_call(
-      'tf_sparse_qkv',
-      (out, out, out, jax.ShapeDtypeStruct((b, f1, s, m), jnp.float32)))(
-          *_sparse_qkv_operands(x, d, d_scale, e, e_scale, e_bias, kept, qk,
-                                qk_scale, qk_bias, v, v_scale, v_bias),
-          qk_width=int(qk_width), v_width=int(v_width))
-  return tuple(qkv), kept
+  b, _, s, m = operands['kept'].shape
+  out = ops.SPARSE_QKV_KERNEL(
+      dict(operands, x=x),
+      {'q': (b, 1, s * m), 'k': (b, 1, s * m), 'v': (b, 1, s * m),
+       'kept': operands['kept'].shape},
+      qk_width=int(qk_width), v_width=int(v_width))
+  return (out['q'], out['k'], out['v']), out['kept']
 
 
-def _sparse_qkv_operands(x, d, d_scale, e, e_scale, e_bias, kept, qk,
-                         qk_scale, qk_bias, v, v_scale, v_bias):
-  """Sparse QKV's 13 operands as its kernels take them (int8 matrices,
-  float32 others)."""
-  return ((_f32(x),)
-          + _sparse_q_operands(d, d_scale, e, e_scale, e_bias, kept, qk,
-                               qk_scale, qk_bias)
-          + (jnp.asarray(v, jnp.int8), _f32(v_scale), _f32(v_bias)))
-
-
-def _sparse_q_operands(d, d_scale, e, e_scale, e_bias, kept, q, q_scale,
-                       q_bias):
-  """The multiplicative layer's and one convolution's 9 operands (sparse
-  QKV's first, or a cross-attention's queries) as the kernels take them."""
-  return (jnp.asarray(d, jnp.int8), _f32(d_scale), jnp.asarray(e, jnp.int8),
-          _f32(e_scale), _f32(e_bias), _f32(kept), jnp.asarray(q, jnp.int8),
-          _f32(q_scale), _f32(q_bias))
-
-
-def sparse_qkv_attention(x, d, d_scale, e, e_scale, e_bias, kept, qk, qk_scale,
-                         qk_bias, v, v_scale, v_bias, keys, values, idx,
-                         valid, qk_width, v_width, norm=None):
+def sparse_qkv_attention(x, qk_width, v_width, norm=None, **operands):
   """A sparse QKV attention step (paper §3.2, Fig. 4b) in one call.
 
-  `sparse_qkv`'s operands, then the caches keys and values [N, L, D] float32
-  (N D = B S M: the heads of q, k, v in rows of D), idx [] int32 (the
-  step's position) and valid [N, L] bool (None: every key valid). k and v
-  are written into the caches at idx, in place (the returned caches alias
-  them), and q attends over positions <= idx as `cache_attention`.
-  `norm` (scale [d], bias [d], epsilon): x is first `tl.LayerNorm`-ed.
-  Returns (y [B, 1, S * M], keys', values', kept').
+  `sparse_qkv`'s operands, then (`operands.CACHE`) the caches keys and
+  values [N, L, D] float32 (N D = B S M: the heads of q, k, v in rows of
+  D), idx [] int32 (the step's position) and valid [N, L] bool (None or
+  absent: every key valid). k and v are written into the caches at idx, in
+  place (the returned caches alias them), and q attends over positions
+  <= idx as `cache_attention`. `norm` (scale [d], bias [d], epsilon): x is
+  first `tl.LayerNorm`-ed. Returns (y [B, 1, S * M], keys', values',
+  kept').
   """
   _require()
-  operands, epsilon = _attention_operands(
-      x, d, d_scale, e, e_scale, e_bias, kept, qk, qk_scale, qk_bias, v,
-      v_scale, v_bias, keys, values, idx, valid, norm)
-  b, _, s, m = kept.shape
-  caches = jax.ShapeDtypeStruct(keys.shape, jnp.float32)
-  return tuple(jax.ffi.ffi_call(
-      'tf_sparse_qkv_attention',
-      (jax.ShapeDtypeStruct((b, 1, s * m), jnp.float32), caches, caches,
-       jax.ShapeDtypeStruct(kept.shape, jnp.float32)),
-      # The caches, right after sparse QKV's operands, are results 1 and 2.
-      input_output_aliases={13: 1, 14: 2})(
-          *operands, qk_width=int(qk_width), v_width=int(v_width),
-          epsilon=epsilon))
+  values, epsilon = _attention_values(operands, norm)
+  b, _, s, m = operands['kept'].shape
+  out = ops.SPARSE_QKV_ATTENTION(
+      dict(values, x=x), _attention_shapes(operands, y=(b, 1, s * m)),
+      qk_width=int(qk_width), v_width=int(v_width), epsilon=epsilon)
+  return tuple(out[name] for name in ops.SPARSE_QKV_ATTENTION.results)
 
 
-def _attention_operands(x, d, d_scale, e, e_scale, e_bias, kept, qk, qk_scale,
-                        qk_bias, v, v_scale, v_bias, keys, values, idx, valid,
-                        norm=None):
-  """`tf_sparse_qkv_attention`'s 19 operands (x, sparse QKV's 12, the
-  caches, valid, idx, the norm's scale and bias) and the norm's epsilon."""
-  norm_scale, norm_bias, epsilon = _norm_operands(norm)
-  return (_sparse_qkv_operands(x, d, d_scale, e, e_scale, e_bias, kept, qk,
-                               qk_scale, qk_bias, v, v_scale, v_bias)
-          + (keys, values, _valid_keys(valid), jnp.asarray(idx, jnp.int32),
-             norm_scale, norm_bias)), epsilon
+def _attention_values(operands, norm=None):
+  """A sparse QKV attention step's operands by name (valid's default: every
+  key valid), and the norm's epsilon."""
+  norm_values, epsilon = _norm_operands(norm)
+  values = dict(operands, **norm_values)
+  values['valid'] = _valid_keys(values.get('valid'))
+  return values, epsilon
+
+
+def _attention_shapes(operands, prefix=None, **others):
+  """The result shapes of a sparse QKV attention step with `operands`
+  (under `prefix`), and `others`."""
+  shapes = dict(keys=operands['keys'].shape, values=operands['keys'].shape,
+                kept=operands['kept'].shape)
+  return dict(ops.prefixed(prefix, shapes) if prefix else shapes, **others)
+
+
+def _pop_ints(arguments, *names):
+  """A copy of `arguments` without `names`, and their values as ints."""
+  rest = dict(arguments)
+  return rest, tuple(int(rest.pop(name)) for name in names)
 
 
 def terraformer_block(x1, x2, attentions, ff, sru):
@@ -365,53 +377,48 @@ def terraformer_block(x1, x2, attentions, ff, sru):
   half-residuals and swaps compute them. `attentions`: A's and B's
   keyword arguments of `sparse_qkv_attention` after x (their norms
   included; the same kernel widths); `ff`: `sparse_ff`'s after x (C2
-  packed); `sru`: the SRU path's: norm (scale, bias, epsilon), the
-  first dense layer (`down`: packed W, scales, bias), the cell's W [n, 3n],
-  b [3n] and state c [B, n], the second dense layer (`up`), highway_scale
-  and activation (None or 'tanh'). Every norm has the same epsilon.
-  Returns (x1', x2', (keys', values', kept') of A and of B, c').
+  packed); `sru`: the SRU path's, `operands.SRU`'s by name (down_bias and
+  up_bias None: none) but its norm, given as norm (scale, bias, epsilon),
+  and its highway_scale and activation (None or 'tanh'). Every norm has the
+  same epsilon. Returns (x1', x2', (keys', values', kept') of A and of B,
+  c').
   """
   _require()
-  operands = [_f32(x1), _f32(x2)]
+  values, shapes = {'x1': x1, 'x2': x2}, {'x1': x1.shape, 'x2': x1.shape}
   epsilons, widths = [], set()
-  for attention in attentions:
-    a = dict(attention)
-    widths.add((int(a.pop('qk_width')), int(a.pop('v_width'))))
-    ops, epsilon = _attention_operands(x1, **a)
-    operands += ops[1:]
+  for prefix, attention in zip(('a', 'b'), attentions):
+    attention, width = _pop_ints(attention, 'qk_width', 'v_width')
+    widths.add(width)
+    norm = attention.pop('norm', None)
+    attention_values, epsilon = _attention_values(attention, norm)
+    values.update(ops.prefixed(prefix, attention_values))
+    shapes.update(_attention_shapes(attention, prefix))
     epsilons.append(epsilon)
-  ff = dict(ff)
-  block = int(ff.pop('block'))
-  ops, epsilon = _sparse_ff_operands(**ff)
-  operands += ops
+  ff, (block,) = _pop_ints(ff, 'block')
+  norm = ff.pop('norm', None)
+  ff_values, epsilon = _sparse_ff_values(ff, norm)
+  values.update(ops.prefixed('ff', ff_values))
   epsilons.append(epsilon)
-  scale, bias, epsilon = sru['norm']
-  epsilons.append(np.float32(epsilon))
-  operands += [_f32(scale), _f32(bias), *_q8_dense(*sru['down']),
-               _f32(sru['w']), _f32(sru['b']), _f32(sru['c']),
-               *_q8_dense(*sru['up'])]
+  sru = dict(sru)
+  highway_scale, activation = sru.pop('highway_scale'), sru.pop('activation')
+  norm_values, epsilon = _norm_operands(sru.pop('norm'))
+  epsilons.append(epsilon)
+  for bias in ('down_bias', 'up_bias'):
+    if sru.get(bias) is None:
+      sru[bias] = jnp.zeros((1,), jnp.float32)
+  values.update(ops.prefixed('sru', dict(sru, **norm_values)))
+  shapes['sru.c'] = sru['c'].shape
   if len(widths) != 1 or len(set(epsilons)) != 1:
     raise ValueError('tf_terraformer_block: the two attentions must have the '
                      'same kernel widths and every norm the same epsilon')
   (qk_width, v_width), = widths
-  attention_a, attention_b = attentions
-  caches = []
-  for a in (attention_a, attention_b):
-    caches += [jax.ShapeDtypeStruct(a['keys'].shape, jnp.float32)] * 2
-    caches.append(jax.ShapeDtypeStruct(a['kept'].shape, jnp.float32))
-  stream = jax.ShapeDtypeStruct(x1.shape, jnp.float32)
-  out = (stream, stream, *caches,
-         jax.ShapeDtypeStruct(sru['c'].shape, jnp.float32))
-  # Operand index of each attention's caches: after x1, x2 and 12 sparse
-  # QKV operands, then 18 operands per attention.
-  aliases = {14: 2, 15: 3, 32: 5, 33: 6}
-  results = jax.ffi.ffi_call('tf_terraformer_block', out,
-                             input_output_aliases=aliases)(
-      *operands, qk_width=qk_width, v_width=v_width, block=block,
-      epsilon=epsilons[0], highway_scale=np.float32(sru['highway_scale']),
-      use_tanh=sru['activation'] == 'tanh')
-  z, w, *caches, c = results
-  return z, w, tuple(caches[:3]), tuple(caches[3:]), c
+  out = ops.TERRAFORMER_BLOCK(
+      values, shapes, qk_width=qk_width, v_width=v_width, block=block,
+      epsilon=epsilons[0], highway_scale=np.float32(highway_scale),
+      use_tanh=activation == 'tanh')
+  caches_a, caches_b = (tuple(out[f'{p}.{n}'] for n in ops.ATTENTION_RESULTS)
+                        for p in ('a', 'b'))
+  return out['x1'], out['x2'], caches_a, caches_b, out['sru.c']
 
 
 def scaling_block(x, attention, ff, cross=None):
@@ -422,51 +429,39 @@ def scaling_block(x, attention, ff, cross=None):
   (`models.scaling_transformer._Block`, `_EncoderDecoderBlock`).
   `attention`: A's keyword arguments of `sparse_qkv_attention` after x (its
   norm included); `ff`: `sparse_ff`'s after x (C2 packed); `cross`: the
-  sparse-query cross-attention's: the queries' sparse QKV operands d,
-  d_scale, e, e_scale, e_bias, kept, q, q_scale, q_bias and width q_width;
-  the encoder's keys_t [B, H, D, L] and values [B, H, L, D]
-  (`CrossAttention`'s state), its mask (B L elements, 0 at padding) and
-  the norm. Every norm has the same epsilon.
+  sparse-query cross-attention's, `operands.SPARSE_Q` and
+  `operands.ENCODER`'s by name: the queries' d, d_scale, e, e_scale, e_bias,
+  kept, q, q_scale, q_bias; the encoder's keys_t [B, H, D, L] and values
+  [B, H, L, D] (`CrossAttention`'s state), its mask (B L elements, 0 at
+  padding); its norm as norm (scale, bias, epsilon), and the width q_width.
+  Every norm has the same epsilon.
   Returns (y, (keys', values', kept') of A, C's kept' or None).
   """
   _require()
-  a = dict(attention)
-  widths = dict(qk_width=int(a.pop('qk_width')), v_width=int(a.pop('v_width')))
-  operands, epsilon = _attention_operands(x, **a)
-  operands = list(operands)
+  attention, (qk_width, v_width) = _pop_ints(attention, 'qk_width', 'v_width')
+  norm = attention.pop('norm', None)
+  attention_values, epsilon = _attention_values(attention, norm)
+  values = dict(ops.prefixed('attention', attention_values), x=x)
+  shapes = _attention_shapes(attention, 'attention', y=x.shape)
   epsilons = [epsilon]
   q_width = 1
   if cross is not None:
-    c = dict(cross)
-    q_width = int(c.pop('q_width'))
-    scale, bias, eps = c.pop('norm')
-    epsilons.append(np.float32(eps))
-    keys_t, values, mask = c.pop('keys_t'), c.pop('values'), c.pop('mask')
-    operands += [*_sparse_q_operands(**c), _f32(keys_t), _f32(values),
-                 _f32(mask), _f32(scale), _f32(bias)]
-  ff = dict(ff)
-  block = int(ff.pop('block'))
-  ff_operands, epsilon = _sparse_ff_operands(**ff)
-  operands += ff_operands
+    cross, (q_width,) = _pop_ints(cross, 'q_width')
+    norm_values, epsilon = _norm_operands(cross.pop('norm'))
+    epsilons.append(epsilon)
+    values.update(ops.prefixed('cross', dict(cross, **norm_values)))
+    shapes['cross.kept'] = cross['kept'].shape
+  ff, (block,) = _pop_ints(ff, 'block')
+  norm = ff.pop('norm', None)
+  ff_values, epsilon = _sparse_ff_values(ff, norm)
+  values.update(ops.prefixed('ff', ff_values))
   epsilons.append(epsilon)
   if len(set(epsilons)) != 1:
     raise ValueError('tf_scaling_block: every norm must have the same '
                      'epsilon')
-  caches = jax.ShapeDtypeStruct(attention['keys'].shape, jnp.float32)
-  out = [jax.ShapeDtypeStruct(x.shape, jnp.float32), caches, caches,
-         jax.ShapeDtypeStruct(attention['kept'].shape, jnp.float32)]
-  if cross is not None:
-    out.append(jax.ShapeDtypeStruct(cross['kept'].shape, jnp.float32))
-  # The caches follow x and sparse QKV's 12 operands.
-  results = jax.ffi.ffi_call('tf_scaling_block', tuple(out),
-                             input_output_aliases={13: 1, 14: 2})(
-      *operands, **widths, q_width=q_width, block=block,
-      epsilon=epsilons[0], cross=cross is not None)
-  y, keys, values, kept, *cross_kept = results
-  return y, (keys, values, kept), (cross_kept[0] if cross_kept else None)
-
-
-def _q8_dense(packed, scale, bias=None):
-  """A 'q8' dense layer's operands: packed W, its scales, bias or [1]."""
-  bias = jnp.zeros((1,), jnp.float32) if bias is None else _f32(bias)
-  return jnp.asarray(packed, jnp.int8), _f32(scale), bias
+  kernel = ops.SCALING_BLOCK if cross is None else ops.SCALING_BLOCK_CROSS
+  out = kernel(values, shapes, qk_width=qk_width, v_width=v_width,
+               q_width=q_width, block=block, epsilon=epsilons[0],
+               cross=cross is not None)
+  caches = tuple(out[f'attention.{n}'] for n in ops.ATTENTION_RESULTS)
+  return out['y'], caches, out.get('cross.kept')

@@ -38,11 +38,13 @@
 //
 // One extension in files by job: isa.h/.cc (instruction sets, loads),
 // parallel.h (the thread pool), row_ops.h (single rows of weights),
-// matmul.cc and q8_gemv.cc (the products, gemv.h), operands.h (the fused
-// kernels' operands), steps.cc and attention.cc (the per-op steps,
-// steps.h), fused_blocks.cc (whole blocks), and this file: the handlers'
-// bindings to XLA's FFI and the library's C entry points.
+// matmul.cc and q8_gemv.cc (the products, gemv.h), operands.h/.cc (the
+// fused kernels' operands by name, their layouts and readers), steps.cc
+// and attention.cc (the per-op steps, steps.h), fused_blocks.cc (whole
+// blocks), and this file: the handlers' bindings to XLA's FFI and the
+// library's C entry points.
 #include <algorithm>
+#include <map>
 #include <cstdint>
 #include <string>
 #include <type_traits>
@@ -58,6 +60,42 @@
 namespace terraformer::kernels {
 
 namespace {
+
+// The fused kernels' layouts (operands.h): x and the sparse FF's operands
+// -> y; x and sparse QKV's -> q, k, v, kept; its attention step's, with the
+// caches -> y, keys, values (written in place), kept.
+const KernelLayout& SparseFFLayout() {
+  static const KernelLayout layout = [] {
+    KernelLayout l;
+    l.operands.Add("x").Add<SparseFFOperands>("");
+    l.results.Add("y");
+    return l;
+  }();
+  return layout;
+}
+
+const KernelLayout& SparseQKVLayout() {
+  static const KernelLayout layout = [] {
+    KernelLayout l;
+    l.operands.Add("x").Add<SparseQKVOperands>("");
+    l.results.Add("q").Add("k").Add("v").Add("kept");
+    return l;
+  }();
+  return layout;
+}
+
+const KernelLayout& SparseQKVAttentionLayout() {
+  static const KernelLayout layout = [] {
+    KernelLayout l;
+    l.operands.Add("x").Add<SparseQKVOperands>("").Add<CacheOperands>("");
+    l.results.Add("y")
+        .Add("keys", ffi::DataType::F32, /*in_place=*/true)
+        .Add("values", ffi::DataType::F32, /*in_place=*/true)
+        .Add("kept");
+    return l;
+  }();
+  return layout;
+}
 
 // x [T, K], g [S, K], c [K] (row scales of W; ones for float W), w [K, N],
 // b [S * N] or [1] (no bias) -> y [T, S * N].
@@ -96,20 +134,16 @@ ffi::Error SkinnyMatmulImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x,
   });
 }
 
-ffi::Error SparseFFImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x,
-                        ffi::Buffer<ffi::F32> c1, ffi::AnyBuffer c2,
-                        ffi::Buffer<ffi::F32> c2_scale,
-                        ffi::Buffer<ffi::F32> cb, ffi::AnyBuffer w1t,
-                        ffi::AnyBuffer w2, ffi::Buffer<ffi::F32> b2,
-                        ffi::Buffer<ffi::F32> s1, ffi::Buffer<ffi::F32> s2,
-                        ffi::Buffer<ffi::F32> norm_scale,
-                        ffi::Buffer<ffi::F32> norm_bias,
-                        ffi::ResultBuffer<ffi::F32> y, int64_t block,
+// x [T, d] and the sparse FF's operands -> y [T, d] (SparseFFStep).
+ffi::Error SparseFFImpl(ffi::ThreadPool pool, ffi::RemainingArgs args,
+                        ffi::RemainingRets rets, int64_t block,
                         float epsilon) {
+  FusedCall call(args, rets, SparseFFLayout());
+  if (!call.problem.empty()) return Invalid("tf_sparse_ff", call.problem);
+  auto x = call.in.Get<ffi::Buffer<ffi::F32>>("x");
   return SparseFFStep(&pool, "tf_sparse_ff", x.typed_data(), x.element_count(),
-                      {c1, c2, c2_scale, cb, w1t, w2, b2, s1, s2, norm_scale,
-                       norm_bias},
-                      y->typed_data(), block, epsilon);
+                      call.in.Read<SparseFFOperands>(), call.out.data("y"),
+                      block, epsilon);
 }
 
 // x [T, K], g [S, K] (float32, or int8 with g_scale [S]: one scale per
@@ -153,25 +187,20 @@ ffi::Error Q8MatmulImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x,
   return ffi::Error::Success();
 }
 
-ffi::Error SparseQKVImpl(
-    ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi::S8> dg,
-    ffi::Buffer<ffi::F32> dg_scale, ffi::Buffer<ffi::S8> e,
-    ffi::Buffer<ffi::F32> e_scale, ffi::Buffer<ffi::F32> e_bias,
-    ffi::Buffer<ffi::F32> kept, ffi::Buffer<ffi::S8> qk,
-    ffi::Buffer<ffi::F32> qk_scale, ffi::Buffer<ffi::F32> qk_bias,
-    ffi::Buffer<ffi::S8> v, ffi::Buffer<ffi::F32> v_scale,
-    ffi::Buffer<ffi::F32> v_bias, ffi::ResultBuffer<ffi::F32> q_out,
-    ffi::ResultBuffer<ffi::F32> k_out, ffi::ResultBuffer<ffi::F32> v_out,
-    ffi::ResultBuffer<ffi::F32> kept_out, int64_t qk_width, int64_t v_width) {
+// x [B, d] and sparse QKV's operands -> q, k, v [B, S * M], kept'
+// (SparseQKVStep).
+ffi::Error SparseQKVImpl(ffi::ThreadPool pool, ffi::RemainingArgs args,
+                         ffi::RemainingRets rets, int64_t qk_width,
+                         int64_t v_width) {
+  FusedCall call(args, rets, SparseQKVLayout());
+  if (!call.problem.empty()) return Invalid("tf_sparse_qkv", call.problem);
+  auto x = call.in.Get<ffi::Buffer<ffi::F32>>("x");
+  const Results& out = call.out;
   std::string what = SparseQKVStep(
       &pool, x.typed_data(), x.element_count(),
-      {dg, dg_scale, e, e_scale, e_bias, kept, qk, qk_scale, qk_bias, v,
-       v_scale, v_bias},
-      qk_width, v_width, q_out->typed_data(), k_out->typed_data(),
-      v_out->typed_data(), kept_out->typed_data());
-  if (!what.empty()) {
-    return ffi::Error(ffi::ErrorCode::kInvalidArgument, "tf_sparse_qkv: " + what);
-  }
+      call.in.Read<SparseQKVOperands>(), qk_width, v_width, out.data("q"),
+      out.data("k"), out.data("v"), out.data("kept"));
+  if (!what.empty()) return Invalid("tf_sparse_qkv", what);
   return ffi::Error::Success();
 }
 
@@ -214,34 +243,26 @@ ffi::Error CacheAttentionImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> q,
   return ffi::Error::Success();
 }
 
-ffi::Error SparseQKVAttentionImpl(
-    ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi::S8> dg,
-    ffi::Buffer<ffi::F32> dg_scale, ffi::Buffer<ffi::S8> e,
-    ffi::Buffer<ffi::F32> e_scale, ffi::Buffer<ffi::F32> e_bias,
-    ffi::Buffer<ffi::F32> kept, ffi::Buffer<ffi::S8> qk,
-    ffi::Buffer<ffi::F32> qk_scale, ffi::Buffer<ffi::F32> qk_bias,
-    ffi::Buffer<ffi::S8> v, ffi::Buffer<ffi::F32> v_scale,
-    ffi::Buffer<ffi::F32> v_bias, ffi::Buffer<ffi::F32> keys,
-    ffi::Buffer<ffi::F32> values, ffi::Buffer<ffi::PRED> valid,
-    ffi::Buffer<ffi::S32> idx, ffi::Buffer<ffi::F32> norm_scale,
-    ffi::Buffer<ffi::F32> norm_bias, ffi::ResultBuffer<ffi::F32> y,
-    ffi::ResultBuffer<ffi::F32> keys_out,
-    ffi::ResultBuffer<ffi::F32> values_out,
-    ffi::ResultBuffer<ffi::F32> kept_out, int64_t qk_width, int64_t v_width,
-    float epsilon) {
+// x [B, d], sparse QKV's operands and the caches' -> y [B, 1, S M], keys',
+// values' (written in place), kept' (SparseQKVAttentionStep).
+ffi::Error SparseQKVAttentionImpl(ffi::ThreadPool pool, ffi::RemainingArgs args,
+                                  ffi::RemainingRets rets, int64_t qk_width,
+                                  int64_t v_width, float epsilon) {
+  FusedCall call(args, rets, SparseQKVAttentionLayout());
+  if (!call.problem.empty()) {
+    return Invalid("tf_sparse_qkv_attention", call.problem);
+  }
+  auto x = call.in.Get<ffi::Buffer<ffi::F32>>("x");
+  const Results& out = call.out;
   std::string what = SparseQKVAttentionStep(
       &pool, x.typed_data(), x.element_count(),
-      {dg, dg_scale, e, e_scale, e_bias, kept, qk, qk_scale, qk_bias, v,
-       v_scale, v_bias},
-      {keys, values, valid, idx, norm_scale, norm_bias}, qk_width, v_width,
-      epsilon, y->typed_data(), y->element_count(), keys_out->typed_data(),
-      values_out->typed_data(), kept_out->typed_data());
-  if (!what.empty()) {
-    return ffi::Error(ffi::ErrorCode::kInvalidArgument,
-                      "tf_sparse_qkv_attention: " + what);
-  }
+      call.in.Read<SparseQKVOperands>(), call.in.Read<CacheOperands>(),
+      qk_width, v_width, epsilon, out.data("y"), out.count("y"),
+      out.data("keys"), out.data("values"), out.data("kept"));
+  if (!what.empty()) return Invalid("tf_sparse_qkv_attention", what);
   return ffi::Error::Success();
 }
+
 }  // namespace
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(tf_skinny_matmul, SkinnyMatmulImpl,
@@ -265,90 +286,44 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(tf_q8_matmul, Q8MatmulImpl,
                                   .Arg<ffi::Buffer<ffi::F32>>()
                                   .Ret<ffi::Buffer<ffi::F32>>());
 
+// The binding of the fused kernels: the pool, their operands and results
+// (read by their layouts, FusedCall), then their attributes.
+inline auto BindFused() {
+  return ffi::Ffi::Bind()
+      .Ctx<ffi::ThreadPool>()
+      .RemainingArgs()
+      .RemainingRets();
+}
+
 XLA_FFI_DEFINE_HANDLER_SYMBOL(tf_sparse_ff, SparseFFImpl,
-                              ffi::Ffi::Bind()
-                                  .Ctx<ffi::ThreadPool>()
-                                  .Arg<ffi::Buffer<ffi::F32>>()
-                                  .Arg<ffi::Buffer<ffi::F32>>()
-                                  .Arg<ffi::AnyBuffer>()
-                                  .Arg<ffi::Buffer<ffi::F32>>()
-                                  .Arg<ffi::Buffer<ffi::F32>>()
-                                  .Arg<ffi::AnyBuffer>()
-                                  .Arg<ffi::AnyBuffer>()
-                                  .Arg<ffi::Buffer<ffi::F32>>()
-                                  .Arg<ffi::Buffer<ffi::F32>>()
-                                  .Arg<ffi::Buffer<ffi::F32>>()
-                                  .Arg<ffi::Buffer<ffi::F32>>()
-                                  .Arg<ffi::Buffer<ffi::F32>>()
-                                  .Ret<ffi::Buffer<ffi::F32>>()
+                              BindFused()
                                   .Attr<int64_t>("block")
                                   .Attr<float>("epsilon"));
 
-// The pool and sparse QKV's 13 operands (SparseQKVStep's), the binding both
-// of its handlers start with.
-inline auto BindSparseQKV() {
-  return ffi::Ffi::Bind()
-      .Ctx<ffi::ThreadPool>()
-      .Arg<ffi::Buffer<ffi::F32>>()
-      .Arg<ffi::Buffer<ffi::S8>>()
-      .Arg<ffi::Buffer<ffi::F32>>()
-      .Arg<ffi::Buffer<ffi::S8>>()
-      .Arg<ffi::Buffer<ffi::F32>>()
-      .Arg<ffi::Buffer<ffi::F32>>()
-      .Arg<ffi::Buffer<ffi::F32>>()
-      .Arg<ffi::Buffer<ffi::S8>>()
-      .Arg<ffi::Buffer<ffi::F32>>()
-      .Arg<ffi::Buffer<ffi::F32>>()
-      .Arg<ffi::Buffer<ffi::S8>>()
-      .Arg<ffi::Buffer<ffi::F32>>()
-      .Arg<ffi::Buffer<ffi::F32>>();
-}
-
 XLA_FFI_DEFINE_HANDLER_SYMBOL(tf_sparse_qkv, SparseQKVImpl,
-                              BindSparseQKV()
-                                  .Ret<ffi::Buffer<ffi::F32>>()
-                                  .Ret<ffi::Buffer<ffi::F32>>()
-                                  .Ret<ffi::Buffer<ffi::F32>>()
-                                  .Ret<ffi::Buffer<ffi::F32>>()
+                              BindFused()
                                   .Attr<int64_t>("qk_width")
                                   .Attr<int64_t>("v_width"));
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(tf_sparse_qkv_attention, SparseQKVAttentionImpl,
-                              BindSparseQKV()
-                                  .Arg<ffi::Buffer<ffi::F32>>()
-                                  .Arg<ffi::Buffer<ffi::F32>>()
-                                  .Arg<ffi::Buffer<ffi::PRED>>()
-                                  .Arg<ffi::Buffer<ffi::S32>>()
-                                  .Arg<ffi::Buffer<ffi::F32>>()
-                                  .Arg<ffi::Buffer<ffi::F32>>()
-                                  .Ret<ffi::Buffer<ffi::F32>>()
-                                  .Ret<ffi::Buffer<ffi::F32>>()
-                                  .Ret<ffi::Buffer<ffi::F32>>()
-                                  .Ret<ffi::Buffer<ffi::F32>>()
+                              BindFused()
                                   .Attr<int64_t>("qk_width")
                                   .Attr<int64_t>("v_width")
                                   .Attr<float>("epsilon"));
 
-// The binding both whole-block handlers start with: the pool, their
-// operands and results (read by ArgReader), sparse QKV's kernel widths.
-inline auto BindBlock() {
-  return ffi::Ffi::Bind()
-      .Ctx<ffi::ThreadPool>()
-      .RemainingArgs()
-      .RemainingRets()
-      .Attr<int64_t>("qk_width")
-      .Attr<int64_t>("v_width");
-}
-
 XLA_FFI_DEFINE_HANDLER_SYMBOL(tf_terraformer_block, TerraformerBlockImpl,
-                              BindBlock()
+                              BindFused()
+                                  .Attr<int64_t>("qk_width")
+                                  .Attr<int64_t>("v_width")
                                   .Attr<int64_t>("block")
                                   .Attr<float>("epsilon")
                                   .Attr<float>("highway_scale")
                                   .Attr<bool>("use_tanh"));
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(tf_scaling_block, ScalingBlockImpl,
-                              BindBlock()
+                              BindFused()
+                                  .Attr<int64_t>("qk_width")
+                                  .Attr<int64_t>("v_width")
                                   .Attr<int64_t>("q_width")
                                   .Attr<int64_t>("block")
                                   .Attr<float>("epsilon")
@@ -386,6 +361,28 @@ extern "C" int tf_set_gemv_isa(int level) {
   int best = static_cast<int>(DetectGemvIsa());
   if (level >= 0) g_gemv_isa.store(std::min(level, best));
   return g_gemv_isa.load();
+}
+
+// Each fused kernel's operands, a line "->", then its results, one a line:
+// "name type" (" in_place": written into the operand of its name, the two
+// aliased), in binding order; nullptr for another kernel. `kernel`: the
+// handler's name (tf_scaling_block with its cross-attention:
+// "tf_scaling_block:cross"). What terraformer/kernels/operands.py lists.
+extern "C" const char* tf_kernel_signature(const char* kernel) {
+  static const std::map<std::string, std::string> signatures = [] {
+    auto describe = [](const KernelLayout& l) {
+      return l.operands.Describe() + "->\n" + l.results.Describe();
+    };
+    return std::map<std::string, std::string>{
+        {"tf_sparse_ff", describe(SparseFFLayout())},
+        {"tf_sparse_qkv", describe(SparseQKVLayout())},
+        {"tf_sparse_qkv_attention", describe(SparseQKVAttentionLayout())},
+        {"tf_terraformer_block", describe(TerraformerBlockLayout())},
+        {"tf_scaling_block", describe(ScalingBlockLayout(false))},
+        {"tf_scaling_block:cross", describe(ScalingBlockLayout(true))}};
+  }();
+  auto found = signatures.find(kernel);
+  return found == signatures.end() ? nullptr : found->second.c_str();
 }
 
 }  // namespace terraformer::kernels

@@ -3,7 +3,6 @@
 // block's order with the residual sums.
 #include <cstddef>
 #include <cstdint>
-#include <iterator>
 #include <optional>
 #include <string>
 #include <vector>
@@ -15,26 +14,49 @@ namespace terraformer::kernels {
 
 namespace {
 
-// The n float32 results of a call (RemainingRets): their data at out[i]
-// and element counts at count[i]; "" or what is wrong.
-std::string ResultBuffers(const ffi::RemainingRets& rets, size_t n,
-                          float** out, int64_t* count) {
-  if (rets.size() != n) {
-    return "expected " + std::to_string(n) + " results, got " +
-           std::to_string(rets.size());
+// tf_scaling_block's layout, without or with the cross-attention.
+KernelLayout ScalingBlock(bool cross) {
+  KernelLayout l;
+  l.operands.Add("x")
+      .Add<SparseQKVOperands>("attention")
+      .Add<CacheOperands>("attention");
+  l.results.Add("y")
+      .Add("attention.keys", ffi::DataType::F32, /*in_place=*/true)
+      .Add("attention.values", ffi::DataType::F32, /*in_place=*/true)
+      .Add("attention.kept");
+  if (cross) {
+    l.operands.Add<SparseQOperands>("cross").Add<EncoderOperands>("cross");
+    l.results.Add("cross.kept");
   }
-  for (size_t i = 0; i < n; ++i) {
-    auto r = rets.get<ffi::Buffer<ffi::F32>>(i);
-    if (!r.has_value()) {
-      return "result " + std::to_string(i) + ": " + r.error().message();
-    }
-    out[i] = (*r)->typed_data();
-    count[i] = (*r)->element_count();
-  }
-  return "";
+  l.operands.Add<SparseFFOperands>("ff");
+  return l;
 }
 
 }  // namespace
+
+const KernelLayout& TerraformerBlockLayout() {
+  static const KernelLayout layout = [] {
+    KernelLayout l;
+    l.operands.Add("x1").Add("x2");
+    l.results.Add("x1").Add("x2");
+    for (const std::string a : {"a", "b"}) {
+      l.operands.Add<SparseQKVOperands>(a).Add<CacheOperands>(a);
+      l.results.Add(a + ".keys", ffi::DataType::F32, /*in_place=*/true)
+          .Add(a + ".values", ffi::DataType::F32, /*in_place=*/true)
+          .Add(a + ".kept");
+    }
+    l.operands.Add<SparseFFOperands>("ff").Add<SruOperands>("sru");
+    l.results.Add("sru.c");
+    return l;
+  }();
+  return layout;
+}
+
+const KernelLayout& ScalingBlockLayout(bool cross) {
+  static const KernelLayout layouts[2] = {ScalingBlock(false),
+                                          ScalingBlock(true)};
+  return layouts[cross];
+}
 
 // A whole Terraformer decoder block (§4.1-4.3; models/terraformer.py's
 // _DecoderBlock) of one position per row, in one call: on the reversible
@@ -44,64 +66,34 @@ std::string ResultBuffers(const ffi::RemainingRets& rets, size_t n,
 // A and B the two sparse QKV attentions (SparseQKVAttentionStep), the sparse
 // FF block (SparseFFStep, its C2 packed) and the low-rank SRU (SruStep):
 // the same operations as their own calls, in the block's order.
-// Operands: x1, x2 [B, 1, d]; A's and B's 12 sparse QKV operands, then
-// keys, values, valid, idx, norm scale, norm bias; the sparse FF's C1, C2,
-// C2's scales, c, W1ᵀ, W2, b2, s1, s2, norm scale, norm bias; the SRU's
-// norm scale and bias, its first dense layer (packed, scales, bias), W, b,
-// c, its second dense layer. Results: x1', x2', A's keys', values',
-// kept', B's, and the SRU's c' (the caches alias their operands).
+// Operands and results: TerraformerBlockLayout (x1, x2 [B, 1, d]; A's as
+// "a.", B's as "b.", the sparse FF's as "ff.", the SRU's as "sru."; the
+// caches written in place).
 ffi::Error TerraformerBlockImpl(ffi::ThreadPool pool, ffi::RemainingArgs args,
                                 ffi::RemainingRets rets, int64_t qk_width,
                                 int64_t v_width, int64_t block,
                                 float epsilon, float highway_scale,
                                 bool use_tanh) {
   auto bad = [](const std::string& what) {
-    return ffi::Error(ffi::ErrorCode::kInvalidArgument,
-                      "tf_terraformer_block: " + what);
+    return Invalid("tf_terraformer_block", what);
   };
-  using R = ArgReader;
-  // The operands' element types, in order (built once).
-  static const std::vector<R::Type> types = [] {
-    std::vector<R::Type> t = {R::kF32, R::kF32};  // x1, x2
-    for (int attention = 0; attention < 2; ++attention) {
-      t.insert(t.end(), std::begin(R::kSparseQKV), std::end(R::kSparseQKV));
-      t.insert(t.end(), std::begin(R::kCache), std::end(R::kCache));
-    }
-    t.insert(t.end(), std::begin(R::kSparseFF), std::end(R::kSparseFF));
-    // The SRU: norm, dense, W, b, c, dense.
-    t.insert(t.end(), {R::kF32, R::kF32});
-    t.insert(t.end(), std::begin(R::kDense), std::end(R::kDense));
-    t.insert(t.end(), {R::kF32, R::kF32, R::kF32});
-    t.insert(t.end(), std::begin(R::kDense), std::end(R::kDense));
-    return t;
-  }();
-  ArgReader in(args);
-  if (std::string what = in.Check(types); !what.empty()) return bad(what);
-  auto x1 = in.Next<ffi::Buffer<ffi::F32>>();
-  auto x2 = in.Next<ffi::Buffer<ffi::F32>>();
-  const SparseQKVOperands qkv_a = in.SparseQKV();
-  const CacheOperands cache_a = in.Cache();
-  const SparseQKVOperands qkv_b = in.SparseQKV();
-  const CacheOperands cache_b = in.Cache();
-  const SparseFFOperands ff_ops = in.SparseFF();
-  // Members in declaration order (braced initializers run left to right).
-  const SruOperands sru{in.Next<ffi::Buffer<ffi::F32>>(),
-                        in.Next<ffi::Buffer<ffi::F32>>(), in.Dense(),
-                        in.Next<ffi::Buffer<ffi::F32>>(),
-                        in.Next<ffi::Buffer<ffi::F32>>(),
-                        in.Next<ffi::Buffer<ffi::F32>>(), in.Dense()};
-  constexpr size_t kResults = 9;
-  float* out[kResults];
-  int64_t out_count[kResults];
-  if (std::string what = ResultBuffers(rets, kResults, out, out_count);
-      !what.empty()) {
-    return bad(what);
-  }
+  FusedCall call(args, rets, TerraformerBlockLayout());
+  if (!call.problem.empty()) return bad(call.problem);
+  ArgReader& in = call.in;
+  const Results& out = call.out;
+  auto x1 = in.Get<ffi::Buffer<ffi::F32>>("x1");
+  auto x2 = in.Get<ffi::Buffer<ffi::F32>>("x2");
+  const SparseQKVOperands qkv_a = in.Read<SparseQKVOperands>("a");
+  const CacheOperands cache_a = in.Read<CacheOperands>("a");
+  const SparseQKVOperands qkv_b = in.Read<SparseQKVOperands>("b");
+  const CacheOperands cache_b = in.Read<CacheOperands>("b");
+  const SparseFFOperands ff_ops = in.Read<SparseFFOperands>("ff");
+  const SruOperands sru = in.Read<SruOperands>("sru");
   const int64_t count = x1.element_count();
   const auto c1_dims = ff_ops.c1.dimensions();
   const int64_t d = c1_dims.size() == 2 ? c1_dims[0] : 0;
   if (d <= 0 || count % d != 0 || x2.element_count() != x1.element_count() ||
-      out_count[0] != count || out_count[1] != count) {
+      out.count("x1") != count || out.count("x2") != count) {
     return bad("x1, x2 and their results must be [B, 1, d], d C1's rows");
   }
   const int64_t T = count / d;
@@ -115,28 +107,30 @@ ffi::Error TerraformerBlockImpl(ffi::ThreadPool pool, ffi::RemainingArgs args,
   // y = x1 + A(x2)
   std::string what = SparseQKVAttentionStep(
       &pool, x2p, count, qkv_a, cache_a, qk_width, v_width, epsilon,
-      f_out.data(), count, out[2], out[3], out[4]);
+      f_out.data(), count, out.data("a.keys"), out.data("a.values"),
+      out.data("a.kept"));
   if (!what.empty()) return bad("attention 1: " + what);
   for (int64_t i = 0; i < count; ++i) y[i] = x1p[i] + f_out[i];
   // x1' = z = x2 + B(y)
   what = SparseQKVAttentionStep(&pool, y.data(), count, qkv_b, cache_b,
                                 qk_width, v_width, epsilon, f_out.data(),
-                                count, out[5], out[6], out[7]);
+                                count, out.data("b.keys"),
+                                out.data("b.values"), out.data("b.kept"));
   if (!what.empty()) return bad("attention 2: " + what);
-  float* z = out[0];
+  float* z = out.data("x1");
   for (int64_t i = 0; i < count; ++i) z[i] = x2p[i] + f_out[i];
   // x2' = w = y + (FF(z) + SRU(z))
   ffi::Error error =
       SparseFFStep(&pool, "tf_terraformer_block: sparse FF", z, count, ff_ops,
                    ff.data(), block, epsilon);
   if (error.failure()) return error;
-  if (out_count[8] != static_cast<int64_t>(sru.c.element_count())) {
+  if (out.count("sru.c") != static_cast<int64_t>(sru.c.element_count())) {
     return bad("the SRU's c' must have c's shape");
   }
   what = SruStep(&pool, sru, z, T, d, epsilon, highway_scale, use_tanh,
-                 sru_y.data(), out[8]);
+                 sru_y.data(), out.data("sru.c"));
   if (!what.empty()) return bad(what);
-  float* w = out[1];
+  float* w = out.data("x2");
   for (int64_t i = 0; i < count; ++i) w[i] = y[i] + (ff[i] + sru_y[i]);
   return ffi::Error::Success();
 }
@@ -151,48 +145,33 @@ ffi::Error TerraformerBlockImpl(ffi::ThreadPool pool, ffi::RemainingArgs args,
 // (CrossAttentionStep), FF the sparse FF block (SparseFFStep, C2 packed):
 // the operations of their own calls, in the block's order (tl.Residual's
 // sums; Dropout is the identity when decoding).
-// Operands: x [B, 1, d]; A's 12 sparse QKV operands, then keys, values,
-// valid, idx, norm scale, norm bias; with `cross` C's 9 sparse query
-// operands, then the encoder's keys, values, mask, norm scale, norm bias;
-// the sparse FF's C1, C2, C2's scales, c, W1ᵀ, W2, b2, s1, s2, norm scale,
-// norm bias. Results: y, A's keys', values', kept' (the caches alias their
-// operands), with `cross` C's kept'.
+// Operands and results: ScalingBlockLayout(cross) (x [B, 1, d]; A's as
+// "attention.", with `cross` C's as "cross.", the sparse FF's as "ff."; the
+// caches written in place).
 ffi::Error ScalingBlockImpl(ffi::ThreadPool pool, ffi::RemainingArgs args,
                             ffi::RemainingRets rets, int64_t qk_width,
                             int64_t v_width, int64_t q_width, int64_t block,
                             float epsilon, bool cross) {
   auto bad = [](const std::string& what) {
-    return ffi::Error(ffi::ErrorCode::kInvalidArgument,
-                      "tf_scaling_block: " + what);
+    return Invalid("tf_scaling_block", what);
   };
-  using R = ArgReader;
-  // The operands' element types, in order (built once), without and with
-  // the cross-attention.
-  static const std::vector<R::Type> types[2] = {
-      R::ScalingBlockTypes(false), R::ScalingBlockTypes(true)};
-  ArgReader in(args);
-  if (std::string what = in.Check(types[cross]); !what.empty()) {
-    return bad(what);
-  }
-  auto x = in.Next<ffi::Buffer<ffi::F32>>();
-  const SparseQKVOperands qkv = in.SparseQKV();
-  const CacheOperands cache = in.Cache();
+  FusedCall call(args, rets, ScalingBlockLayout(cross));
+  if (!call.problem.empty()) return bad(call.problem);
+  ArgReader& in = call.in;
+  const Results& out = call.out;
+  auto x = in.Get<ffi::Buffer<ffi::F32>>("x");
+  const SparseQKVOperands qkv = in.Read<SparseQKVOperands>("attention");
+  const CacheOperands cache = in.Read<CacheOperands>("attention");
   std::optional<SparseQOperands> sparse_q;
   std::optional<EncoderOperands> encoder;
   if (cross) {
-    sparse_q.emplace(in.SparseQ());
-    encoder.emplace(in.Encoder());
+    sparse_q.emplace(in.Read<SparseQOperands>("cross"));
+    encoder.emplace(in.Read<EncoderOperands>("cross"));
   }
-  const SparseFFOperands ff_ops = in.SparseFF();
-  float* out[5];
-  int64_t out_count[5];
-  if (std::string what = ResultBuffers(rets, cross ? 5 : 4, out, out_count);
-      !what.empty()) {
-    return bad(what);
-  }
+  const SparseFFOperands ff_ops = in.Read<SparseFFOperands>("ff");
   const int64_t count = x.element_count();
-  if (out_count[0] != count) return bad("y must have x's shape");
-  if (cross && out_count[4] !=
+  if (out.count("y") != count) return bad("y must have x's shape");
+  if (cross && out.count("cross.kept") !=
                    static_cast<int64_t>(sparse_q->kept.element_count())) {
     return bad("the cross-attention's kept' must have its kept's shape");
   }
@@ -203,14 +182,16 @@ ffi::Error ScalingBlockImpl(ffi::ThreadPool pool, ffi::RemainingArgs args,
   // a = x + A(x)
   std::string what = SparseQKVAttentionStep(
       &pool, xp, count, qkv, cache, qk_width, v_width, epsilon, f_out.data(),
-      count, out[1], out[2], out[3]);
+      count, out.data("attention.keys"), out.data("attention.values"),
+      out.data("attention.kept"));
   if (!what.empty()) return bad("attention: " + what);
   for (int64_t i = 0; i < count; ++i) a[i] = xp[i] + f_out[i];
   const float* bp = a.data();
   // b = a + C(a)
   if (cross) {
     what = CrossAttentionStep(&pool, a.data(), count, *sparse_q, *encoder,
-                              q_width, epsilon, f_out.data(), out[4]);
+                              q_width, epsilon, f_out.data(),
+                              out.data("cross.kept"));
     if (!what.empty()) return bad("cross-attention: " + what);
     b.resize(count);
     for (int64_t i = 0; i < count; ++i) b[i] = a[i] + f_out[i];
@@ -220,7 +201,7 @@ ffi::Error ScalingBlockImpl(ffi::ThreadPool pool, ffi::RemainingArgs args,
   ffi::Error error = SparseFFStep(&pool, "tf_scaling_block: sparse FF", bp,
                                   count, ff_ops, f_out.data(), block, epsilon);
   if (error.failure()) return error;
-  float* y = out[0];
+  float* y = out.data("y");
   for (int64_t i = 0; i < count; ++i) y[i] = bp[i] + f_out[i];
   return ffi::Error::Success();
 }

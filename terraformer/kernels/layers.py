@@ -475,14 +475,17 @@ class KernelSparseQKV(_KernelMixin, trax_combinators.Serial):
             and w_mult[0].dtype == jnp.int8 and w_conv[0].dtype == jnp.int8)
 
   def operands(self, weights, state):
-    """`kernels.sparse_qkv`'s operands after x, from the Serial's weights
-    and state, then the module kernel widths (Q/K, V)."""
+    """`kernels.sparse_qkv`'s keyword arguments after x (the operands
+    `operands.SPARSE_QKV` names, and the module kernel widths qk_width and
+    v_width), from the Serial's weights and state."""
     mult, conv = self.sublayers
     d, e, bias, e_scale, d_scale = mult._split(weights[0])  # pylint: disable=protected-access
     k_qk, b_qk, k_v, b_v, s_qk, s_v = weights[1]
     sizes = conv._module_kernel_sizes  # pylint: disable=protected-access
-    return ((d, d_scale, e, e_scale, bias, state[1], k_qk, s_qk, b_qk, k_v,
-             s_v, b_v), (sizes[0], sizes[2]))
+    return dict(d=d, d_scale=d_scale, e=e, e_scale=e_scale, e_bias=bias,
+                kept=state[1], qk=k_qk, qk_scale=s_qk, qk_bias=b_qk, v=k_v,
+                v_scale=s_v, v_bias=b_v, qk_width=sizes[0],
+                v_width=sizes[2])
 
   def query_operands(self, weights, state):
     """The queries-only step's operands (one output: `kernels.scaling_block`'s
@@ -499,8 +502,8 @@ class KernelSparseQKV(_KernelMixin, trax_combinators.Serial):
     x = xs[0] if isinstance(xs, (tuple, list)) else xs
     if not (self._fusable(x) and kernels.has_kernel('tf_sparse_qkv')):
       return super().forward(xs)
-    operands, widths = self.operands(self.weights, self.state)
-    qkv, kept = kernels.sparse_qkv(x, *operands, *widths)
+    qkv, kept = kernels.sparse_qkv(x, **self.operands(self.weights,
+                                                      self.state))
     self.state = (self.state[0], kept.astype(self.state[1].dtype))
     return tuple(y.astype(x.dtype) for y in qkv)
 
@@ -579,14 +582,10 @@ class KernelSparseQKVAttention(_KernelMixin, trax_combinators.Serial):
             and attention.reads_cache_in_place()
             and s_att[0].dtype == jnp.float32):
       return None
-    operands, (qk_width, v_width) = qkv.operands(w_qkv, s_qkv)
     masked = isinstance(attention, CausalDotProductAttention)
     ks, vs, *valid, idx = s_att
-    names = ('d', 'd_scale', 'e', 'e_scale', 'e_bias', 'kept', 'qk',
-             'qk_scale', 'qk_bias', 'v', 'v_scale', 'v_bias')
-    arguments = dict(zip(names, operands), keys=ks, values=vs, idx=idx,
-                     valid=valid[0] if masked else None, qk_width=qk_width,
-                     v_width=v_width)
+    arguments = dict(qkv.operands(w_qkv, s_qkv), keys=ks, values=vs, idx=idx,
+                     valid=valid[0] if masked else None)
 
     def new_state(ks, vs, kept):
       s = list(state)
@@ -839,8 +838,9 @@ class KernelReversibleSerial(_KernelMixin, rev.ReversibleSerial):
     (w_down_packed, b_down, scale_down), (w_up_packed, b_up, scale_up) = dense
     w_cell, b_cell = w_sru
     sru_arguments = dict(
-        norm=(*w_norm, epsilon), down=(w_down_packed, scale_down, b_down),
-        w=w_cell, b=b_cell, c=s_sru, up=(w_up_packed, scale_up, b_up),
+        norm=(*w_norm, epsilon), down=w_down_packed, down_scale=scale_down,
+        down_bias=b_down, w=w_cell, b=b_cell, c=s_sru, up=w_up_packed,
+        up_scale=scale_up, up_bias=b_up,
         highway_scale=sru._highway_scale,  # pylint: disable=protected-access
         activation=sru._activation)  # pylint: disable=protected-access
 

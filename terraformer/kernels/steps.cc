@@ -271,14 +271,14 @@ struct ImageShape {
 template <typename O>
 std::string CheckMultiplicative(int64_t x_count, const O& o,
                                 ImageShape* shape) {
-  auto gd = o.dg.dimensions();
+  auto gd = o.d.dimensions();
   auto kd = o.kept.dimensions();
   if (gd.size() != 2 || kd.size() != 4 || kd[1] < 1) {
     return "D must be [S, d] and the kept inputs [B, F - 1, S, M]";
   }
   const int64_t S = gd[0], K = gd[1], B = kd[0], M = kd[3];
   if (kd[2] != S || x_count != B * K ||
-      static_cast<int64_t>(o.dg_scale.element_count()) != S) {
+      static_cast<int64_t>(o.d_scale.element_count()) != S) {
     return "x must be [B, d], D's scales [S] and the kept inputs "
            "[B, F - 1, S, M]";
   }
@@ -302,10 +302,10 @@ const float* MultiplicativeImage(ffi::ThreadPool* pool, const float* xp,
   thread_local std::vector<float> y, image;
   y.resize(B * S * M);
   image.resize(B * F * S * M);
-  Q8Matmul(pool, xp, B, nullptr, S, o.dg.dimensions()[1], o.e.typed_data(),
+  Q8Matmul(pool, xp, B, nullptr, S, o.d.dimensions()[1], o.e.typed_data(),
            o.e.dimensions()[0], o.e.dimensions()[1] * 4,
            Q8Out{o.e_scale.typed_data(), o.e_bias.typed_data(), S, M, y.data()},
-           o.dg.typed_data(), o.dg_scale.typed_data());
+           o.d.typed_data(), o.d_scale.typed_data());
   const int64_t plane = S * M;  // One position of the image.
   for (int64_t b = 0; b < B; ++b) {
     float* to = image.data() + b * F * plane;
@@ -344,7 +344,7 @@ std::string SparseQKVStep(ffi::ThreadPool* pool, const float* xp,
                           int64_t x_count, const SparseQKVOperands& o,
                           int64_t qk_width, int64_t v_width, float* q_out,
                           float* k_out, float* v_out, float* kept_out) {
-  const auto& [dg, dg_scale, e, e_scale, e_bias, kept, qk, qk_scale, qk_bias,
+  const auto& [d, d_scale, e, e_scale, e_bias, kept, qk, qk_scale, qk_bias,
                v, v_scale, v_bias] = o;
   ImageShape s;
   if (std::string what = CheckMultiplicative(x_count, o, &s); !what.empty()) {
@@ -406,7 +406,7 @@ std::string SparseQKVAttentionStep(
   }
   const int64_t first = *c.idx.typed_data();
   if (first < 0 || first >= L) return "position outside the cache";
-  const int64_t d = o.dg.dimensions().size() == 2 ? o.dg.dimensions()[1] : 0;
+  const int64_t d = o.d.dimensions().size() == 2 ? o.d.dimensions()[1] : 0;
   if (d <= 0 || !NormFits(c.norm_scale, c.norm_bias, d) || x_count % d != 0) {
     return "x must be [B, d] and the norm's scale and bias [d]";
   }
@@ -456,12 +456,12 @@ std::string SruStep(ffi::ThreadPool* pool, const SruOperands& o,
                     const float* x, int64_t T, int64_t d, float epsilon,
                     float highway_scale, bool use_tanh, float* y,
                     float* c_out) {
-  const int64_t n = o.down.scale.element_count();
+  const int64_t n = o.down_scale.element_count();
   if (!NormFits(o.norm_scale, o.norm_bias, d) ||
       o.w.element_count() != static_cast<size_t>(n * 3 * n) ||
       o.b.element_count() != static_cast<size_t>(3 * n) ||
       o.c.element_count() != static_cast<size_t>(T * n) ||
-      o.up.scale.element_count() != static_cast<size_t>(d)) {
+      o.up_scale.element_count() != static_cast<size_t>(d)) {
     return "the SRU's operands must be a norm [d], Dense(d -> n), W [n, 3 n], "
            "b [3 n], c [B, n] and Dense(n -> d)";
   }
@@ -471,7 +471,8 @@ std::string SruStep(ffi::ThreadPool* pool, const SruOperands& o,
   h.resize(T * n);
   gates.resize(3 * n);
   out.resize(T * n);
-  if (std::string what = Q8DenseStep(pool, o.down, xp, T, d, h.data());
+  if (std::string what = Q8DenseStep(
+          pool, {o.down, o.down_scale, o.down_bias}, xp, T, d, h.data());
       !what.empty()) {
     return "SRU's first dense layer: " + what;
   }
@@ -494,7 +495,8 @@ std::string SruStep(ffi::ThreadPool* pool, const SruOperands& o,
           r * (use_tanh ? std::tanh(cj) : cj) + (1.f - r) * ht[j] * highway_scale;
     }
   }
-  if (std::string what = Q8DenseStep(pool, o.up, out.data(), T, n, y);
+  if (std::string what = Q8DenseStep(
+          pool, {o.up, o.up_scale, o.up_bias}, out.data(), T, n, y);
       !what.empty()) {
     return "SRU's second dense layer: " + what;
   }
@@ -512,7 +514,7 @@ std::string CrossAttentionStep(ffi::ThreadPool* pool, const float* x_in,
     return what;
   }
   const auto [B, F, S, M] = s;
-  const int64_t d = o.dg.dimensions()[1];
+  const int64_t d = o.d.dimensions()[1];
   if (!NormFits(c.norm_scale, c.norm_bias, d)) {
     return "the norm's scale and bias must be [d]";
   }

@@ -78,7 +78,10 @@ void AttendKeysT(ffi::ThreadPool* pool, const float* qp, const float* ktp,
                  const float* vp, const float* mask, int64_t heads, int64_t N,
                  int64_t D, int64_t L, float* op);
 
-// fused_blocks.cc: whole decoder blocks in one call.
+// fused_blocks.cc: whole decoder blocks in one call, and their layouts
+// (tf_scaling_block's without or with the cross-attention).
+const KernelLayout& TerraformerBlockLayout();
+const KernelLayout& ScalingBlockLayout(bool cross);
 ffi::Error TerraformerBlockImpl(ffi::ThreadPool pool, ffi::RemainingArgs args,
                                 ffi::RemainingRets rets, int64_t qk_width,
                                 int64_t v_width, int64_t block,

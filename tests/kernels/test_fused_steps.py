@@ -141,8 +141,9 @@ def test_sparse_qkv_kernel_rejects_mismatched_operands(gemv_isa):
   with pytest.raises(Exception, match='tf_sparse_qkv: packed V kernel has'):
     # The Q/K kernels where V's belong: 3 x 3 x 16 inputs, not 3 x 1 x 16.
     jax.block_until_ready(kernels.sparse_qkv(
-        x, d, d_scale, e, e_scale, bias, state[1], k_qk, s_qk, b_qk, k_qk,
-        s_v, b_v, 3, 1))
+        x, 3, 1, d=d, d_scale=d_scale, e=e, e_scale=e_scale, e_bias=bias,
+        kept=state[1], qk=k_qk, qk_scale=s_qk, qk_bias=b_qk, v=k_qk,
+        v_scale=s_v, v_bias=b_v))
 
 
 def _unfused_attention(monkeypatch):
