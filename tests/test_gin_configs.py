@@ -144,3 +144,40 @@ def test_terraformer_sizes(counts):
   assert 0.8 < total('c4_800m') / dense_800m['total'] < 1.0
   assert total('arxiv_800m') == total('c4_800m')  # Fine-tunes its checkpoint.
   assert 16.5e9 < total('17b') < 17.5e9
+
+
+# gin/long_input/cst_lm/ROW.gin: (attention: None = full, else (L, α,
+# global branch)), positions at the embedding.
+CST_LM_ROWS = {'full': (None, True), 'blockwise': ((32, 1, False), True),
+               'cst_a1': ((32, 1, True), False),
+               'cst_a2': ((32, 2, True), False),
+               'cst_a1_local': ((32, 1, False), False),
+               'cst_a2_local': ((32, 2, False), False)}
+
+
+@pytest.mark.parametrize('row', sorted(CST_LM_ROWS))
+def test_cst_lm_rows_build_what_their_names_say(row):
+  from terraformer.layers.composite_slice_attention import CompositeSliceAttention  # pylint: disable=g-import-not-at-top
+  from trax.layers import attention as trax_attention  # pylint: disable=g-import-not-at-top
+  common.setup()
+  config.parse_gin([os.path.join(GIN_DIR, 'long_input', 'cst_lm',
+                                 f'{row}.gin')], [])
+  try:
+    model = config.model_from_config()(mode='eval')
+  finally:
+    gin.clear_config()
+  layers = []
+
+  def walk(layer):
+    layers.append(layer)
+    for sub in layer.sublayers:
+      walk(sub)
+
+  walk(model)
+  cst = [l for l in layers if isinstance(l, CompositeSliceAttention)]
+  attention, positions = CST_LM_ROWS[row]
+  got = sorted({(l._slice_len, l._extension, l._use_global) for l in cst})  # pylint: disable=protected-access
+  assert got == ([] if attention is None else [attention])
+  assert len(cst) == (0 if attention is None else 2)  # Each layer's.
+  assert any(isinstance(l, trax_attention.PositionalEncoding)
+             for l in layers) == positions

@@ -69,7 +69,8 @@ def ScalingTransformerLM(vocab_size=32000, d_model=512, d_ff=2048, n_layers=6,
                          attention_sparsity=0, attention_kernel_size=3,
                          attention_module_kernel_size=3, loss_sparsity=0,
                          attention_type='full', cst_slice_len=32,
-                         cst_extension=3, local_conv_len=0, mode='train'):
+                         cst_extension=3, local_conv_len=0, positions=True,
+                         mode='train'):
   """Decoder-only Scaling Transformer: tokens [batch, len] -> logits.
 
   Trax's `ConfigurableTransformerLM`: ShiftRight, embedding, dropout,
@@ -83,6 +84,10 @@ def ScalingTransformerLM(vocab_size=32000, d_model=512, d_ff=2048, n_layers=6,
   `local_conv_len`: 0 (the paper's model) or F > 0: a `LocalConv` over F
   positions as its own residual sublayer before each attention (not in the
   papers; see terraformer/layers/local_conv.py).
+  `positions`: True (Trax's model) adds learned positions to the
+  embeddings; False adds none, CST's form: its attention carries its own
+  tables (MS-VIPE, §4.2: applied in each layer "instead of adding the
+  positional embedding ... at the embedding layer").
   """
   _check_choice('attention_type', attention_type, LM_ATTENTION_TYPES)
   sublayers = Sublayers(
@@ -99,8 +104,10 @@ def ScalingTransformerLM(vocab_size=32000, d_model=512, d_ff=2048, n_layers=6,
           cst_extension=cst_extension))
   return tl.Serial(                              # tok
       tl.ShiftRight(mode=mode),
-      _EmbedTokens(tl.Embedding(vocab_size, d_model), max_len=max_len,
-                   dropout=dropout, mode=mode),  # vec
+      (_EmbedTokens(tl.Embedding(vocab_size, d_model), max_len=max_len,
+                    dropout=dropout, mode=mode) if positions else
+       Embedder(tl.Embedding(vocab_size, d_model), [], dropout=dropout,
+                mode=mode)),                     # vec
       [_Block(sublayers) for _ in range(n_layers)],
       tl.LayerNorm(),
       Logits(vocab_size, loss_sparsity),         # logits

@@ -1,5 +1,6 @@
 """Long-input mechanisms inside the models: encoder pooling
 (Transpooler / Pyramidion), blockwise and composite slice attention."""
+import gin
 import jax
 import numpy as np
 import pytest
@@ -136,6 +137,46 @@ def test_cst_language_model_decodes_as_it_evaluates():
       lambda mode: ScalingTransformerLM(mode=mode, **config), tokens,
       rng=jax.random.PRNGKey(13))
   np.testing.assert_allclose(steps, full, atol=2e-4, rtol=2e-4)
+
+
+CST_LM = dict(vocab_size=VOCAB, d_model=32, d_ff=64, n_layers=2, n_heads=4,
+              dropout=0.0, max_len=16, d_lowrank=4, attention_type='cst',
+              cst_slice_len=4, cst_extension=1)
+
+
+@pytest.mark.parametrize('positions', [True, False])
+def test_cst_language_model_positions_only_from_its_tables(positions):
+  """positions=False (CST's form, §4.2): MS-VIPE is the only position
+  signal. Local only (α 1, no global branch), a slice then reads its own
+  tokens through tables relative to the slice: the same inputs one slice
+  later give the same logits. Trax's table of absolute positions breaks
+  that."""
+  big_l = CST_LM['cst_slice_len']
+  tokens = _tokens((1, 2 * big_l), 14)
+  # Inputs are shifted right: slice 0 reads (0, t_0..t_2), slice 1 reads
+  # (t_3..t_6); make them equal.
+  tokens[0, big_l - 1] = 0
+  tokens[0, big_l:2 * big_l - 1] = tokens[0, :big_l - 1]
+  gin.bind_parameter('terraformer.CompositeSliceAttention.use_global', False)
+  try:
+    model = ScalingTransformerLM(mode='eval', positions=positions, **CST_LM)
+    model.init(shapes.signature(tokens), rng=jax.random.PRNGKey(15))
+    logits = np.asarray(model(tokens))
+  finally:
+    gin.clear_config()
+  same = np.allclose(logits[0, big_l:], logits[0, :big_l], atol=1e-5)
+  assert same == (not positions)
+
+
+def test_language_model_without_positions_decodes_as_it_evaluates():
+  full, steps, model = eval_and_decode_logits(
+      lambda mode: ScalingTransformerLM(mode=mode, positions=False,
+                                        **dict(CST_LM, cst_extension=3)),
+      _tokens((2, 12), 16), rng=jax.random.PRNGKey(17))
+  np.testing.assert_allclose(steps, full, atol=2e-4, rtol=2e-4)
+  # No (max_len, d_model) table of positions.
+  shapes_of = [np.shape(w) for w in jax.tree_util.tree_leaves(model.weights)]
+  assert (16, 32) not in shapes_of
 
 
 @pytest.mark.parametrize('attention', ['blockwise', 'cst', 'lsh'])
