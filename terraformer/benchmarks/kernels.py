@@ -28,6 +28,7 @@ from trax import shapes
 from terraformer.benchmarks import bytes_read
 from terraformer.benchmarks import decode_speed
 from terraformer import kernels
+from terraformer.kernels import installer as kernel_installer
 from terraformer.kernels import layers as kernel_layers
 from terraformer.layers.multiplicative_dense import MultiplicativeDense
 from terraformer.layers.sparse_ff import SparseFF
@@ -58,7 +59,7 @@ def _calls(make, x):
     weights, state = layer.init(shapes.signature(x),
                                 rng=jax.random.PRNGKey(0))
     if storage is not None:
-      kernel_layers.install(layer)
+      kernel_installer.install(layer)
       weights = kernel_layers.store_weights(layer, weights, storage)
     n_bytes = sum(bytes_read.step_bytes(layer, weights, state, 0).values())
     fn = jax.jit(layer.pure_fn)

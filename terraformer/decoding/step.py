@@ -38,6 +38,7 @@ from trax import shapes
 
 from terraformer import errors
 from terraformer import kernels as kernel_lib
+from terraformer.kernels import installer as kernel_installer
 from terraformer.kernels import layers as kernel_layers
 
 KERNEL_MODES = ('xla', 'ffi')
@@ -116,7 +117,7 @@ def prepare_model(model, options=None):
   if kernels == 'ffi' and not kernel_lib.available():
     warnings.warn('decode_options.kernels=ffi but the kernels are not '
                   f'available ({kernel_lib.unavailable_reason()}): XLA path')
-  kernel_layers.install(model, use_ffi=kernels != 'xla')
+  kernel_installer.install(model, use_ffi=kernels != 'xla')
   return lambda w: kernel_layers.store_weights(model, w, weights)
 
 

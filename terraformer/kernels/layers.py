@@ -1,8 +1,8 @@
-"""Predict-mode layers that run the fused kernels, and weight storage.
+"""Predict-mode layers that run the decode kernels, and weight storage.
 
-`install(model, use_ffi, storage)` turns the decoding copies of the layer
-kinds below into kernel-backed subclasses (their weights, names and every other
-behaviour stay the same; only the predict-mode forward changes):
+Each class below is the decoding copy of a layer kind (a subclass: its
+weights, names and every other behaviour stay the same; only the
+predict-mode forward changes), made so by `installer.install`:
 
   SparseFF (predict)   -> KernelSparseFF              tf_sparse_ff
   MultiplicativeDense  -> KernelMultiplicativeDense   tf_skinny_matmul
@@ -16,26 +16,17 @@ behaviour stay the same; only the predict-mode forward changes):
   SparseQKV + causal attention (predict)              tf_sparse_qkv_attention
                        -> KernelSparseQKVAttention    ('q8'; a decoder's
                           sparse QKV attention in one call per step)
-  LayerNorm + either of the two above or SparseFF     the same call, the
-                       -> KernelNormSerial            LayerNorm first in it
-  Terraformer decoder blocks (their reversible stack) tf_terraformer_block
-                       -> KernelReversibleSerial      ('q8'; a whole block,
-                          two attentions, sparse FF and SRU, in one call)
-  Scaling Transformer decoder blocks (the Serial      tf_scaling_block
-  holding them)        -> KernelScalingBlocks         ('q8'; a whole block,
-                          attention, cross-attention, sparse FF, one call)
   PrefixCausalAttention (predict)                     tf_cache_attention
                        -> KernelPrefixCausalAttention
   CausalDotProductAttention (predict)                 tf_cache_attention
                        -> KernelCausalDotProductAttention
 
-The attention layers' decoding step (one query per row) reads its key/value
-cache in place with the kernel, only the filled positions, instead of
-slicing a cache bucket for XLA's dots (a copy of the bucket per step); the
-gin switch `cache_attention_kernel.enabled` (default True) keeps their
-bucket path when False.
-
-`store_weights(model, weights, storage)` then converts those layers' large
+(`block_layers` holds those that run a residual branch or a whole decoder
+block in one call.) The attention layers' decoding step (one query per row)
+reads its key/value cache in place with the kernel, only the filled
+positions, instead of slicing a cache bucket for XLA's dots (a copy of the
+bucket per step).
+`store_weights(model, weights, storage)` converts those layers' large
 matrices (W1ᵀ and W2 of SparseFF, E of MultiplicativeDense, W of Dense) to
 bfloat16, or to int8 with one float32 scale per row (appended after the
 layer's own weights: scaled rows of W1ᵀ/W2 are units, rows of E and W are
@@ -63,20 +54,14 @@ on dequantized weights ('q8': `q8_product`, the same quantized product) (first
 calls over a whole prompt, missing library).
 Training never sees these classes: only predict-mode models are installed.
 """
-import gin
 import jax
 import jax.numpy as jnp
 import numpy as np
 from trax import layers as tl
 from trax.layers import combinators as trax_combinators
 from trax.layers import core as trax_core
-from trax.layers import normalization as trax_normalization
 
 from terraformer import kernels
-from terraformer.layers import reversible as rev
-from terraformer.layers.cross_attention import CrossAttention
-from terraformer.layers.low_rank_sru import ACTIVATIONS as SRU_ACTIVATIONS
-from terraformer.layers.low_rank_sru import SRU
 from terraformer.layers.lsh_attention import CausalDotProductAttention
 from terraformer.layers.lsh_attention import PerExamplePrefill
 from terraformer.layers.multiplicative_dense import MultiplicativeDense
@@ -185,7 +170,7 @@ def _load(w, scale):
   return w * scale.reshape((-1,) + (1,) * (w.ndim - 1))
 
 
-class _KernelMixin:
+class KernelMixin:
   """Holds the per-layer switch; set by `install`."""
   _tf_use_ffi = False
 
@@ -193,7 +178,7 @@ class _KernelMixin:
     return self._tf_use_ffi and rows <= MAX_FFI_ROWS and kernels.available()
 
 
-class KernelSparseFF(_KernelMixin, SparseFF):
+class KernelSparseFF(KernelMixin, SparseFF):
   """SparseFF whose predict-mode step is one `tf_sparse_ff` call.
 
   Weights (C1, C2, c, W1ᵀ, W2, b2[, s1, s2][, C2's scales]): int8 storage
@@ -261,7 +246,7 @@ class KernelSparseFF(_KernelMixin, SparseFF):
     return (c1, c2, c, w1t, w2, b2) + s1 + s2 + c2_scale
 
 
-class KernelMultiplicativeDense(_KernelMixin, MultiplicativeDense):
+class KernelMultiplicativeDense(KernelMixin, MultiplicativeDense):
   """MultiplicativeDense as one `tf_skinny_matmul` call per step
   (`tf_q8_matmul` with 'q8' storage).
 
@@ -307,7 +292,7 @@ class KernelMultiplicativeDense(_KernelMixin, MultiplicativeDense):
     return (d, e) + tuple(weights[2:]) + s + d_scale
 
 
-class KernelDense(_KernelMixin, trax_core.Dense):
+class KernelDense(KernelMixin, trax_core.Dense):
   """tl.Dense as one `tf_skinny_matmul` call per step (`tf_q8_matmul`
   with 'q8' storage).
 
@@ -381,7 +366,7 @@ def _side_by_side(arrays, axis):
   return jnp.concatenate(arrays, axis=axis)
 
 
-class KernelModuleConv(_KernelMixin, ModuleConv):
+class KernelModuleConv(KernelMixin, ModuleConv):
   """ModuleConv (sparse QKV's convolutions, §3.2) whose predict-mode step,
   with 'q8' storage, runs its convolutions as `tf_q8_matmul` calls over
   their patches (`conv_patches`): integer dot products instead of XLA's
@@ -443,7 +428,7 @@ class KernelModuleConv(_KernelMixin, ModuleConv):
     return tuple(stored) + tuple(scales)
 
 
-class KernelSparseQKV(_KernelMixin, trax_combinators.Serial):
+class KernelSparseQKV(KernelMixin, trax_combinators.Serial):
   """Sparse QKV (`SparseQKV`: MultiplicativeDense, then the predict-mode
   ModuleConv) whose decoding step, with 'q8' storage, is one
   `tf_sparse_qkv` call: the three `tf_q8_matmul` calls of its sublayers
@@ -508,7 +493,7 @@ class KernelSparseQKV(_KernelMixin, trax_combinators.Serial):
     return tuple(y.astype(x.dtype) for y in qkv)
 
 
-def _is_sparse_qkv(layer):
+def is_sparse_qkv(layer):
   """A predict-mode `SparseQKV`: Serial(MultiplicativeDense, ModuleConv)."""
   subs = layer.sublayers
   return (type(layer) is trax_combinators.Serial and len(subs) == 2  # pylint: disable=unidiomatic-typecheck
@@ -522,11 +507,11 @@ def _sparse_qkv_of(layer):
   wraps (a Terraformer decoder's); None for other layers."""
   if isinstance(layer, PerExamplePrefill):
     layer = layer.sublayers[0]
-  return layer if (_is_sparse_qkv(layer) or isinstance(
+  return layer if (is_sparse_qkv(layer) or isinstance(
       layer, KernelSparseQKV)) else None
 
 
-def _is_sparse_qkv_attention(layer):
+def is_sparse_qkv_attention(layer):
   """A decoder's predict-mode sparse QKV attention: a Serial of SparseQKV
   (under a PerExamplePrefill after a Select, in a Terraformer), the heads
   split, causal attention over a cache (PrefixCausalAttention or
@@ -551,7 +536,7 @@ def _is_fn(layer, name):
   return layer.name == name or any(s.name == name for s in layer.sublayers)
 
 
-class KernelSparseQKVAttention(_KernelMixin, trax_combinators.Serial):
+class KernelSparseQKVAttention(KernelMixin, trax_combinators.Serial):
   """A decoder's sparse QKV attention (SparseQKV, heads split, causal
   attention over a key/value cache, heads merged) whose decoding step, with
   'q8' storage, is one `tf_sparse_qkv_attention` call: `tf_sparse_qkv`'s
@@ -616,479 +601,7 @@ class KernelSparseQKVAttention(_KernelMixin, trax_combinators.Serial):
     return y
 
 
-def _norm_of(layer):
-  """The `tl.LayerNorm` (centred) that `layer` is, or that a Parallel
-  (LayerNorm, no-op) applies to its first input (the Terraformer's, beside
-  the encoder lengths); None for other layers."""
-  if isinstance(layer, trax_combinators.Parallel):
-    subs = layer.sublayers
-    if len(subs) != 2 or subs[1].sublayers or subs[1].n_in != 1:
-      return None
-    layer = subs[0]
-  if isinstance(layer, trax_normalization.LayerNorm) and layer._center:  # pylint: disable=protected-access
-    return layer
-  return None
-
-
-def _is_predict_dropout(layer):
-  return isinstance(layer, tl.Dropout) and layer._mode != 'train'  # pylint: disable=protected-access
-
-
-def _norm_block_parts(layer):
-  """(index of the LayerNorm, index of the kernel layer) of a block's
-  residual branch [Select[0]], LayerNorm, sparse FF or sparse QKV
-  attention, Dropout: a Serial; None for other layers."""
-  if type(layer) not in (trax_combinators.Serial, KernelNormSerial):  # pylint: disable=unidiomatic-typecheck
-    return None
-  subs = list(layer.sublayers)
-  i = 0
-  if subs and subs[0].name == 'Select[0]' and subs[0].n_out == 1:
-    i = 1
-  if len(subs) != i + 3 or _norm_of(subs[i]) is None:
-    return None
-  kernel = subs[i + 1]
-  fits = (isinstance(kernel, KernelSparseQKVAttention)
-          or _is_sparse_qkv_attention(kernel)
-          or (isinstance(kernel, SparseFF)
-              and getattr(kernel, '_mode', None) == 'predict'))
-  return (i, i + 1) if fits and _is_predict_dropout(subs[i + 2]) else None
-
-
-class KernelNormSerial(_KernelMixin, trax_combinators.Serial):
-  """A decoder block's residual branch, LayerNorm then a sparse FF block or
-  a sparse QKV attention (then Dropout, the identity when decoding; the
-  Terraformer's FF branch starts with Select[0], dropping the lengths),
-  whose decoding step is that kernel layer's one call with the LayerNorm
-  as its first operation (`fused_step`'s `norm`): `tf_sparse_ff` or
-  `tf_sparse_qkv_attention` normalizes x itself (the mean and variance
-  summed in double, so within float rounding of XLA's LayerNorm). Where
-  the kernel layer does not run its call, the sublayers run.
-  """
-
-  def step_arguments(self, x, weights, state):
-    """('attention' or 'sparse_ff', the keyword arguments after x of
-    `kernels.sparse_qkv_attention` or `kernels.sparse_ff`, norm included,
-    the function of the call's outputs after y that gives the new state)
-    for the step of x with `weights` and `state`; None where the kernel
-    layer does not run its call."""
-    i_norm, i_kernel = _norm_block_parts(self)
-    norm = _norm_of(self.sublayers[i_norm])
-    w_norm = weights[i_norm]
-    if isinstance(self.sublayers[i_norm], trax_combinators.Parallel):
-      w_norm = w_norm[0]
-    scale, bias = w_norm
-    folded = (scale, bias, norm._epsilon)  # pylint: disable=protected-access
-    kernel = self.sublayers[i_kernel]
-
-    def with_kernel_state(kernel_state):
-      s = list(state)
-      s[i_kernel] = kernel_state
-      return tuple(s)
-
-    if isinstance(kernel, KernelSparseQKVAttention):
-      step = kernel.step_arguments(x, weights[i_kernel], state[i_kernel])
-      if step is None:
-        return None
-      arguments, new_state = step
-      return ('attention', dict(arguments, norm=folded),
-              lambda *outputs: with_kernel_state(new_state(*outputs)))
-    if (isinstance(kernel, KernelSparseFF)
-        and not isinstance(state[i_kernel], dict)):
-      arguments = kernel.step_arguments(x, weights[i_kernel])
-      if arguments is None:
-        return None
-      return 'sparse_ff', dict(arguments, norm=folded), lambda: state
-    return None
-
-  def forward(self, xs):
-    x = xs[0] if isinstance(xs, (tuple, list)) else xs
-    step = self.step_arguments(x, self.weights, self.state)
-    if step is None:
-      return super().forward(xs)
-    kind, arguments, new_state = step
-    if kind == 'attention':
-      y, *outputs = kernels.sparse_qkv_attention(x, **arguments)
-    else:
-      y, outputs = kernels.sparse_ff(x, **arguments), ()
-    self.state = new_state(*outputs)
-    return y.astype(x.dtype)
-
-
-def _path(root, target):
-  """Sublayer indices from `root` down to `target` (None: not under it);
-  the same indices lead to its weights and state."""
-  if root is target:
-    return ()
-  for i, sub in enumerate(root.sublayers):
-    found = _path(sub, target)
-    if found is not None:
-      return (i,) + found
-  return None
-
-
-def _at(tree, path):
-  for i in path:
-    tree = tree[i]
-  return tree
-
-
-def _with(tree, path, value):
-  """`tree` (nested tuples) with the item at `path` replaced."""
-  if not path:
-    return value
-  items = list(tree)
-  items[path[0]] = _with(tree[path[0]], path[1:], value)
-  return tuple(items)
-
-
-def _feed_forward_parts(f):
-  """The parts of a Terraformer decoder's feed-forward residual f,
-  Serial[Branch(sparse FF branch, SRU path), Add] with the SRU path
-  Serial[Parallel(LayerNorm, no-op), PerExamplePrefill(LowRankSRU)]
-  (models/common.py's feed_forward_block): (the KernelNormSerial, the SRU
-  path's LayerNorm, Dense(d_sru), SRU, Dense(d_model)); None for other
-  layers."""
-  subs = f.sublayers
-  if (type(f) is not trax_combinators.Serial or len(subs) != 2  # pylint: disable=unidiomatic-typecheck
-      or subs[1].name != 'Add' or len(subs[0].sublayers) != 2
-      or not isinstance(subs[0].sublayers[1], trax_combinators.Parallel)):
-    return None
-  branches = subs[0].sublayers[1].sublayers
-  if (len(branches) != 2 or not isinstance(branches[0], KernelNormSerial)
-      or not isinstance(_kernel_of(branches[0]), SparseFF)):
-    return None
-  sru_path = branches[1].sublayers
-  if (len(sru_path) != 2 or _norm_of(sru_path[0]) is None
-      or not isinstance(sru_path[1], PerExamplePrefill)):
-    return None
-  low_rank = sru_path[1].sublayers[0].sublayers
-  if (len(low_rank) != 3 or not isinstance(low_rank[0], KernelDense)
-      or not isinstance(low_rank[1], SRU)
-      or not isinstance(low_rank[2], KernelDense)):
-    return None
-  norm = sru_path[0]
-  norm = norm.sublayers[0] if isinstance(norm, trax_combinators.Parallel) else norm
-  return branches[0], norm, low_rank[0], low_rank[1], low_rank[2]
-
-
-def _kernel_of(norm_serial):
-  return norm_serial.sublayers[_norm_block_parts(norm_serial)[1]]
-
-
-def _is_decoder_block(layers):
-  """Six layers of a reversible stack that make a Terraformer decoder block
-  (`models.terraformer._DecoderBlock`): half-residuals of two sparse QKV
-  attentions and of the feed-forward with its SRU, each then a swap."""
-  if len(layers) != 6:
-    return False
-  halves, swaps = layers[0::2], layers[1::2]
-  if not (all(isinstance(h, rev.HalfResidual) for h in halves)
-          and all(isinstance(w, tl.ReversibleSelect)
-                  and w.name == 'ReversibleSwap' for w in swaps)):
-    return False
-  a, b, f = (h.sublayers[0] for h in halves)
-  return (all(isinstance(n, KernelNormSerial)
-              and isinstance(_kernel_of(n), KernelSparseQKVAttention)
-              for n in (a, b))
-          and _feed_forward_parts(f) is not None)
-
-
-class KernelReversibleSerial(_KernelMixin, rev.ReversibleSerial):
-  """A reversible stack of Terraformer decoder blocks whose decoding step,
-  with 'q8' storage, is one `tf_terraformer_block` call per block: its two
-  sparse QKV attentions (each `tf_sparse_qkv_attention`'s work, LayerNorm
-  included), the sparse FF block (`tf_sparse_ff`'s), the low-rank SRU path
-  (LayerNorm, the two 'q8' dense layers, the SRU cell) and the
-  half-residual sums and swaps. The position indices stay XLA's. A prompt,
-  other stacks (the encoder's), and blocks whose parts would not run their
-  own fused calls run the sublayers.
-  """
-
-  def _block_arguments(self, x, weights, state, i):
-    """`kernels.terraformer_block`'s arguments after x1 and x2 for the
-    block at sublayer i, and the function of its results after x1', x2'
-    that gives the new states of its sublayers; None where it cannot run."""
-    halves = self.sublayers[i:i + 6:2]
-    f_weights = [weights[i + 2 * k][0] for k in range(3)]
-    f_states = [state[i + 2 * k][0] for k in range(3)]
-    attentions = []
-    for k in range(2):
-      step = halves[k].sublayers[0].step_arguments(x, f_weights[k],
-                                                   f_states[k])
-      if step is None or step[0] != 'attention':
-        return None
-      attentions.append(step)
-    f = halves[2].sublayers[0]
-    ff_branch, norm, down, sru, up = _feed_forward_parts(f)
-    paths = [_path(f, layer) for layer in (ff_branch, norm, down, sru, up)]
-    w_ff, w_norm, w_down, w_sru, w_up = (_at(f_weights[2], p) for p in paths)
-    s_ff, s_sru = _at(f_states[2], paths[0]), _at(f_states[2], paths[3])
-    ff_step = ff_branch.step_arguments(x, w_ff, s_ff)
-    if ff_step is None or ff_step[0] != 'sparse_ff':
-      return None
-    dense = [d._split_weights(w) for d, w in ((down, w_down), (up, w_up))]  # pylint: disable=protected-access
-    epsilon = norm._epsilon  # pylint: disable=protected-access
-    if (not all(is_q8(w) for w, _, _ in dense)
-        or not norm._center  # pylint: disable=protected-access
-        or sru._mode != 'predict'  # pylint: disable=protected-access
-        or sru._activation not in SRU_ACTIVATIONS  # pylint: disable=protected-access
-        or any(a['norm'][2] != epsilon for _, a, _ in attentions)
-        or ff_step[1]['norm'][2] != epsilon):
-      return None
-    (w_down_packed, b_down, scale_down), (w_up_packed, b_up, scale_up) = dense
-    w_cell, b_cell = w_sru
-    sru_arguments = dict(
-        norm=(*w_norm, epsilon), down=w_down_packed, down_scale=scale_down,
-        down_bias=b_down, w=w_cell, b=b_cell, c=s_sru, up=w_up_packed,
-        up_scale=scale_up, up_bias=b_up,
-        highway_scale=sru._highway_scale,  # pylint: disable=protected-access
-        activation=sru._activation)  # pylint: disable=protected-access
-
-    def new_states(caches_a, caches_b, c):
-      new = {i: (attentions[0][2](*caches_a),),
-             i + 2: (attentions[1][2](*caches_b),),
-             i + 4: (_with(f_states[2], paths[3], c.astype(s_sru.dtype)),)}
-      return new
-
-    return ([a for _, a, _ in attentions], ff_step[1], sru_arguments,
-            new_states)
-
-  def forward(self, xs):
-    subs = self.sublayers
-    x1, x2, *rest = xs
-    fusable = (self._tf_use_ffi and kernels.has_kernel('tf_terraformer_block')
-               and subs and len(subs) % 6 == 0
-               and all(_is_decoder_block(subs[i:i + 6])
-                       for i in range(0, len(subs), 6)))
-    blocks = []
-    if fusable:
-      for i in range(0, len(subs), 6):
-        block = self._block_arguments(x1, self.weights, self.state, i)
-        if block is None:
-          break
-        blocks.append((i, block))
-    if not fusable or len(blocks) != len(subs) // 6:
-      return super().forward(xs)
-    state = list(self.state)
-    for i, (attentions, ff, sru, new_states) in blocks:
-      y1, y2, caches_a, caches_b, c = kernels.terraformer_block(
-          x1, x2, attentions, ff, sru)
-      x1, x2 = y1.astype(x1.dtype), y2.astype(x2.dtype)
-      for j, s in new_states(caches_a, caches_b, c).items():
-        state[j] = s
-    self.state = tuple(state)
-    return (x1, x2, *rest)
-
-
-def _residual_branch(layer):
-  """The branch f of `tl.Residual(f)` (Serial[Branch(Select, Parallel(
-  shortcut, f)), Add] with the identity shortcut); None for other
-  layers."""
-  subs = layer.sublayers
-  if (type(layer) is not trax_combinators.Serial or len(subs) != 2  # pylint: disable=unidiomatic-typecheck
-      or subs[1].name != 'Add' or subs[0].name != 'Branch'
-      or len(subs[0].sublayers) != 2):
-    return None
-  parallel = subs[0].sublayers[1]
-  if (not isinstance(parallel, trax_combinators.Parallel)
-      or len(parallel.sublayers) != 2 or parallel.sublayers[0].sublayers
-      or parallel.sublayers[0].n_in != 1):
-    return None
-  return parallel.sublayers[1]
-
-
-def _cross_attention_parts(f):
-  """The parts of a sparse-query cross-attention branch f,
-  Serial[LayerNorm, Select[0,2,1,2], Serial[Parallel(SparseQKV (queries
-  only), tl.Cache(keys, values)), CrossAttention], Dropout]
-  (models/common.py's cross_attention): (the LayerNorm, the queries'
-  KernelSparseQKV, the CrossAttention); None for other layers."""
-  subs = f.sublayers
-  if (type(f) is not trax_combinators.Serial or len(subs) != 4  # pylint: disable=unidiomatic-typecheck
-      or _norm_of(subs[0]) is not subs[0] or subs[1].name != 'Select[0,2,1,2]'
-      or not _is_predict_dropout(subs[3])
-      or type(subs[2]) is not trax_combinators.Serial  # pylint: disable=unidiomatic-typecheck
-      or len(subs[2].sublayers) != 2):
-    return None
-  heads, attention = subs[2].sublayers
-  if (not isinstance(heads, trax_combinators.Parallel)
-      or len(heads.sublayers) != 2
-      or not isinstance(heads.sublayers[0], KernelSparseQKV)
-      or not isinstance(heads.sublayers[1], trax_combinators.Cache)
-      or not isinstance(attention, CrossAttention)
-      or attention._mode != 'predict'):  # pylint: disable=protected-access
-    return None
-  return subs[0], heads.sublayers[0], attention
-
-
-def _block_kind(layer):
-  """'attention', 'cross' or 'sparse_ff' for a residual whose branch one
-  call of a Scaling Transformer block covers; None for other layers."""
-  f = _residual_branch(layer)
-  if f is None:
-    return None
-  if isinstance(f, KernelNormSerial):
-    kernel = _kernel_of(f)
-    if isinstance(kernel, KernelSparseQKVAttention):
-      return 'attention'
-    if isinstance(kernel, KernelSparseFF):
-      return 'sparse_ff'
-    return None
-  return 'cross' if _cross_attention_parts(f) is not None else None
-
-
-def _scaling_block_starts(layers):
-  """{index: number of layers} of the Scaling Transformer decoder blocks in
-  a Serial's `layers` (flattened in it, as the models build them): the
-  residuals of the attention, [the cross-attention,] the sparse FF."""
-  kinds = [_block_kind(layer) for layer in layers]
-  starts = {}
-  for i, kind in enumerate(kinds):
-    if kind != 'attention':
-      continue
-    for pattern in (('attention', 'cross', 'sparse_ff'),
-                    ('attention', 'sparse_ff')):
-      if tuple(kinds[i:i + len(pattern)]) == pattern:
-        starts[i] = len(pattern)
-        break
-  return starts
-
-
-class KernelScalingBlocks(_KernelMixin, trax_combinators.Serial):
-  """A Serial holding Scaling Transformer decoder blocks (the residuals of
-  a sparse QKV attention, of a sparse-query cross-attention with an
-  encoder, and of a sparse FF block, flattened into the model's Serial)
-  whose decoding step, with 'q8' storage, is one `tf_scaling_block` call
-  per block: each residual branch's call (its LayerNorm included) and the
-  residual sums. The position indices stay XLA's. Its other layers, a
-  prompt, and blocks whose parts would not run their own fused calls run
-  as the Serial runs them.
-  """
-
-  def _block_arguments(self, items, weights, state, i, size):
-    """`kernels.scaling_block`'s arguments (attention, ff, cross) for the
-    block of `size` layers at sublayer i on the stack's `items`, and the
-    function of its results after y that gives the new states of those
-    sublayers; None where it cannot run."""
-    x = items[0]
-    layers = self.sublayers[i:i + size]
-    branches = [_residual_branch(layer) for layer in layers]
-    paths = [_path(layer, f) for layer, f in zip(layers, branches)]
-    w = [_at(weights[i + k], p) for k, p in enumerate(paths)]
-    s = [_at(state[i + k], p) for k, p in enumerate(paths)]
-    attention = branches[0].step_arguments(x, w[0], s[0])
-    ff = branches[-1].step_arguments(x, w[-1], s[-1])
-    if (attention is None or attention[0] != 'attention' or ff is None
-        or ff[0] != 'sparse_ff'):
-      return None
-    epsilon = attention[1]['norm'][2]
-    cross = None
-    if size == 3:
-      cross = self._cross_arguments(branches[1], x, items, w[1], s[1])
-      if cross is None or cross[0]['norm'][2] != epsilon:
-        return None
-    if ff[1]['norm'][2] != epsilon:
-      return None
-
-    def new_states(caches, cross_kept):
-      new = {i: _with(state[i], paths[0], attention[2](*caches))}
-      if cross is not None:
-        new[i + 1] = _with(state[i + 1], paths[1], cross[1](cross_kept))
-      return new
-
-    return attention[1], ff[1], (cross[0] if cross else None), new_states
-
-  @staticmethod
-  def _cross_arguments(f, x, items, weights, state):
-    """The cross-attention branch f's arguments of `kernels.scaling_block`
-    and the function of its kept' that gives f's new state; None where
-    the call cannot run (the first step, whose keys are not split yet)."""
-    norm, queries, attention = _cross_attention_parts(f)
-    q_path = _path(f, queries)
-    a_path = _path(f, attention)
-    w_q, s_q = _at(weights, q_path), _at(state, q_path)
-    s_att = _at(state, a_path)
-    if (len(items) < 2 or not s_att
-        or not queries._fusable(x, w_q, n_outputs=1)):  # pylint: disable=protected-access
-      return None
-    mask = items[1]
-    keys_t, values = s_att
-    if (mask is None or mask.size != x.shape[0] * keys_t.shape[-1]
-        or keys_t.dtype != jnp.float32 or not norm._center):  # pylint: disable=protected-access
-      return None
-    scale, bias = weights[0]
-    arguments = dict(queries.query_operands(w_q, s_q), keys_t=keys_t,
-                     values=values, mask=mask,
-                     norm=(scale, bias, norm._epsilon))  # pylint: disable=protected-access
-
-    def new_state(kept):
-      return _with(state, q_path, (s_q[0], kept.astype(s_q[1].dtype)))
-
-    return arguments, new_state
-
-  def forward(self, xs):
-    if not (self._tf_use_ffi and kernels.has_kernel('tf_scaling_block')):
-      return super().forward(xs)
-    starts = _scaling_block_starts(self.sublayers)
-    if not starts:
-      return super().forward(xs)
-    subs, weights, state = self.sublayers, self.weights, self.state
-    rngs = trax_combinators._split_rngs(self.rng, len(subs))  # pylint: disable=protected-access
-    stack, new_state, i = xs, list(state), 0
-    while i < len(subs):
-      size = starts.get(i)
-      items = stack if isinstance(stack, (tuple, list)) else (stack,)
-      block = size and self._block_arguments(items, weights, state, i, size)
-      if block:
-        attention, ff, cross, new_states = block
-        y, caches, cross_kept = kernels.scaling_block(items[0], attention, ff,
-                                                      cross)
-        y = y.astype(items[0].dtype)
-        stack = (y, *items[1:]) if isinstance(stack, (tuple, list)) else y
-        for j, s in new_states(caches, cross_kept).items():
-          new_state[j] = s
-        i += size
-        continue
-      layer = subs[i]
-      inputs = trax_combinators.inputs_from_stack(stack, layer.n_in)
-      outputs, new_state[i] = layer.pure_fn(inputs, weights[i], state[i],
-                                            rngs[i], use_cache=True)
-      stack = trax_combinators.outputs_onto_stack(outputs, stack, layer.n_in)
-      i += 1
-    self.state = tuple(new_state)
-    return stack
-
-
-@gin.configurable(module='terraformer')
-def cache_attention_kernel(enabled=True):
-  """Whether `install` gives predict-mode causal attention (sparse QKV's and
-  dense `PrefixCausalAttention`, the Terraformer's
-  `CausalDotProductAttention`) the `tf_cache_attention` kernel; False keeps
-  their bucketed XLA attention (a copy of the cache bucket per step)."""
-  return enabled
-
-
-@gin.configurable(module='terraformer')
-def terraformer_block_kernel(enabled=True):
-  """Whether `install` makes a Terraformer decoder block's 'q8' decoding
-  step one `tf_terraformer_block` call (`KernelReversibleSerial`); False
-  keeps its parts' own calls (two `tf_sparse_qkv_attention`, `tf_sparse_ff`,
-  the SRU's two `tf_q8_matmul`) and XLA's sums, swaps and SRU cell: the
-  same step within float rounding, call by call in a profile."""
-  return enabled
-
-
-@gin.configurable(module='terraformer')
-def scaling_block_kernel(enabled=True):
-  """Whether `install` makes a Scaling Transformer decoder block's 'q8'
-  decoding step one `tf_scaling_block` call (`KernelScalingBlocks`); False
-  keeps its parts' own calls (`tf_sparse_qkv_attention`, `tf_sparse_ff`,
-  the cross-attention queries' two `tf_q8_matmul`) and XLA's residual sums
-  and cross-attention: the same step within float rounding."""
-  return enabled
-
-
-class _KernelCacheAttention(_KernelMixin):
+class _KernelCacheAttention(KernelMixin):
   """A decoding step's attention over the cache as one `tf_cache_attention`
   call: the cache is read in place, positions <= the query's only (the
   bucketed XLA path slices the smallest bucket holding them, a copy). The
@@ -1132,72 +645,6 @@ class KernelCausalDotProductAttention(_KernelCacheAttention,
     return kernels.cache_attention(q, ks, vs, idx, valid).astype(q.dtype)
 
 
-_KERNEL_CLASSES = {MultiplicativeDense: KernelMultiplicativeDense,
-                   trax_core.Dense: KernelDense}
-_PREDICT_KERNEL_CLASSES = {SparseFF: KernelSparseFF,
-                           ModuleConv: KernelModuleConv}
-_ATTENTION_KERNEL_CLASSES = {
-    PrefixCausalAttention: KernelPrefixCausalAttention,
-    CausalDotProductAttention: KernelCausalDotProductAttention}
-
-
-def _kernel_class(layer, attention, block=True):
-  if isinstance(layer, _KernelMixin):
-    return type(layer)
-  if _is_sparse_qkv(layer):
-    return KernelSparseQKV
-  if attention and _is_sparse_qkv_attention(layer):
-    return KernelSparseQKVAttention
-  if _norm_block_parts(layer) is not None:
-    return KernelNormSerial
-  if block and type(layer) is rev.ReversibleSerial and layer.sublayers:  # pylint: disable=unidiomatic-typecheck
-    return KernelReversibleSerial
-  if getattr(layer, '_mode', None) == 'predict':
-    if type(layer) in _PREDICT_KERNEL_CLASSES:
-      return _PREDICT_KERNEL_CLASSES[type(layer)]
-    if attention and type(layer) in _ATTENTION_KERNEL_CLASSES:
-      return _ATTENTION_KERNEL_CLASSES[type(layer)]
-  return _KERNEL_CLASSES.get(type(layer))
-
-
-def install(model, use_ffi=True, attention=None, block=None):
-  """Makes `model`'s kernel-capable layers kernel-backed; returns how many.
-
-  Changes the layers' classes in place (the model must be a predict-mode
-  model used for decoding only). `use_ffi=False` keeps XLA's code (the
-  classes still read bf16/int8 storage). `attention` (default: the gin
-  switch `cache_attention_kernel`) includes the predict-mode causal
-  attention layers; `block` (default: the gin switches
-  `terraformer_block_kernel` and `scaling_block_kernel`) the reversible
-  stacks and the Serials holding Scaling Transformer decoder blocks, whose
-  blocks then run as one call each.
-  """
-  count = 0
-  if attention is None:
-    attention = cache_attention_kernel()
-  terraformer_blocks = terraformer_block_kernel() if block is None else block
-  scaling_blocks = scaling_block_kernel() if block is None else block
-
-  def walk(layer):
-    nonlocal count
-    cls = _kernel_class(layer, attention, terraformer_blocks)
-    if cls is not None:
-      layer.__class__ = cls
-      layer._tf_use_ffi = use_ffi  # pylint: disable=protected-access
-      count += 1
-    for sub in layer.sublayers:
-      walk(sub)
-    # After its sublayers: the blocks are found by their kernel classes.
-    if (scaling_blocks and type(layer) is trax_combinators.Serial  # pylint: disable=unidiomatic-typecheck
-        and _scaling_block_starts(layer.sublayers)):
-      layer.__class__ = KernelScalingBlocks
-      layer._tf_use_ffi = use_ffi  # pylint: disable=protected-access
-      count += 1
-
-  walk(model)
-  return count
-
-
 def map_leaf_layers(model, weights, fn):
   """`weights` with `fn(layer, w, run_once)` applied at each leaf layer.
 
@@ -1237,7 +684,7 @@ def store_weights(model, weights, storage, store_matrix=_store):
     return weights
 
   def store(layer, w, run_once):
-    if isinstance(layer, _KernelMixin) and not run_once and not (
+    if isinstance(layer, KernelMixin) and not run_once and not (
         layer.sublayers):
       return layer.store(w, storage, store_matrix)
     return w

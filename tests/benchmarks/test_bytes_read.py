@@ -9,6 +9,7 @@ from trax import shapes
 from terraformer.benchmarks import bytes_read
 from terraformer.benchmarks import decode_speed
 from terraformer.decoding import step as decode_step
+from terraformer.kernels import installer as kernel_installer
 from terraformer.kernels import layers as kernel_layers
 from terraformer.layers.ops import bucket_for
 from terraformer.layers.sparse_ff import SparseFF
@@ -111,7 +112,7 @@ def test_int8_sparse_ff_step_bytes_match_hand_count():
   float32 scale, for W1ᵀ and W2 each."""
   layer = SparseFF(D_FF, N, LOWRANK, mode='predict')
   weights, state = layer.init(shapes.ShapeDtype((1, 1, D), np.float32))
-  kernel_layers.install(layer)
+  kernel_installer.install(layer)
   stored = kernel_layers.store_weights(layer, weights, 'int8')
   blocks = D_FF // N
   expected = ((D * LOWRANK + LOWRANK * D_FF + D_FF + D) * F32

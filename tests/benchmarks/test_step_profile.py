@@ -11,6 +11,7 @@ from trax import shapes
 
 from terraformer import kernels
 from terraformer.benchmarks import step_profile
+from terraformer.kernels import installer as kernel_installer
 from terraformer.kernels import layers as kernel_layers
 from terraformer.layers.sparse_qkv_attention import SparseQKV
 
@@ -84,7 +85,7 @@ def test_hlo_lines_name_a_kernel_with_several_outputs():
   layer = SparseQKV(64, 4, 3, 3, causal=True, mode='predict')
   x = jnp.ones((1, 1, 64))
   weights, state = layer.init(shapes.signature(x))
-  kernel_layers.install(layer)
+  kernel_installer.install(layer)
   stored = kernel_layers.store_weights(layer, weights, 'q8')
   text = jax.jit(layer.pure_fn).lower(
       x, stored, state, jax.random.PRNGKey(0)).compile().as_text()

@@ -17,6 +17,7 @@ from trax import shapes
 
 from terraformer import kernels
 from terraformer.benchmarks import bytes_read
+from terraformer.kernels import installer as kernel_installer
 from terraformer.kernels import layers as kernel_layers
 from terraformer.layers.lsh_attention import CausalDotProductAttention
 from terraformer.layers.ops import cache_buckets
@@ -116,7 +117,7 @@ def test_prefix_attention_kernel_equals_buckets(isa):
             for _ in range(2)]
   for layer in layers:
     layer.init(sig)
-  assert kernel_layers.install(layers[1]) == 1
+  assert kernel_installer.install(layers[1]) == 1
   assert isinstance(layers[1], kernel_layers.KernelPrefixCausalAttention)
   buckets, kernel = (_stepper(layer) for layer in layers)
   q, k, v = (np.random.default_rng(i).standard_normal(
@@ -138,7 +139,7 @@ def test_causal_dot_product_kernel_equals_buckets(isa):
       shapes.ShapeDtype((batch,), np.int32),)
   for layer in layers:
     layer.init(sig)
-  kernel_layers.install(layers[1])
+  kernel_installer.install(layers[1])
   assert isinstance(layers[1], kernel_layers.KernelCausalDotProductAttention)
   buckets, kernel = (_stepper(layer) for layer in layers)
   q, k, v = (np.random.default_rng(i).standard_normal(
@@ -163,7 +164,7 @@ def test_step_bytes_count_the_filled_positions(isa):
     return sum(bytes_read.step_bytes(layer, (), layer.state,
                                      position).values())
   assert step_bytes() == 64 * per_position + 4  # the 64-position bucket
-  kernel_layers.install(layer)
+  kernel_installer.install(layer)
   assert step_bytes() == (position + 1) * per_position + 4
 
 

@@ -26,7 +26,10 @@ from trax import shapes
 from trax.layers import combinators as trax_combinators
 
 from terraformer import kernels
+from terraformer.kernels import block_layers
+from terraformer.kernels import installer as kernel_installer
 from terraformer.kernels import layers as kernel_layers
+from terraformer.layers import reversible as rev
 from terraformer.layers.attention import SelfAttention
 from terraformer.layers.attention import TransformerSelfAttention
 from terraformer.layers.sparse_ff import SparseFF
@@ -84,7 +87,7 @@ def test_sparse_qkv_step_is_one_call_with_the_bits_of_three(
   xs = jax.random.normal(jax.random.PRNGKey(7), (4, batch, 1, d_model))
   weights, state = layer.init(shapes.signature(xs[0]),
                               rng=jax.random.PRNGKey(1))
-  assert kernel_layers.install(layer) == 3
+  assert kernel_installer.install(layer) == 3
   assert isinstance(layer, kernel_layers.KernelSparseQKV)
   stored = kernel_layers.store_weights(layer, weights, 'q8')
   fused, text = _sparse_qkv_steps(layer, stored, state, xs, True)
@@ -119,7 +122,7 @@ def test_sparse_qkv_keeps_the_layers_calls_where_it_cannot_fuse(gemv_isa,
                     value_module_kernel_size=3 if case == 'same_kernels'
                     else 1)
   weights, state = layer.init(shapes.signature(x), rng=jax.random.PRNGKey(2))
-  kernel_layers.install(layer)
+  kernel_installer.install(layer)
   storage = 'int8' if case == 'int8' else 'q8'
   stored = kernel_layers.store_weights(layer, weights, storage)
   text = jax.jit(layer.pure_fn).lower(x, stored, state,
@@ -134,7 +137,7 @@ def test_sparse_qkv_kernel_rejects_mismatched_operands(gemv_isa):
   layer = SparseQKV(64, 4, 3, 3, causal=True, mode='predict')
   x = jnp.ones((1, 1, 64))
   weights, state = layer.init(shapes.signature(x), rng=jax.random.PRNGKey(3))
-  kernel_layers.install(layer)
+  kernel_installer.install(layer)
   (d, e, bias, e_scale, d_scale), conv = kernel_layers.store_weights(
       layer, weights, 'q8')
   k_qk, b_qk, k_v, b_v, s_qk, s_v = conv
@@ -151,11 +154,11 @@ def _unfused_attention(monkeypatch):
   tf_cache_attention), and LayerNorms as XLA's."""
   monkeypatch.setattr(kernel_layers.KernelSparseQKVAttention, 'fused_step',
                       lambda self, *args, **kwargs: None)
-  monkeypatch.setattr(kernel_layers.KernelNormSerial, 'forward',
+  monkeypatch.setattr(block_layers.KernelNormSerial, 'forward',
                       trax_combinators.Serial.forward)
-  monkeypatch.setattr(kernel_layers.KernelReversibleSerial, 'forward',
+  monkeypatch.setattr(block_layers.KernelReversibleSerial, 'forward',
                       trax_combinators.Serial.forward)
-  monkeypatch.setattr(kernel_layers.KernelScalingBlocks, 'forward',
+  monkeypatch.setattr(block_layers.KernelScalingBlocks, 'forward',
                       trax_combinators.Serial.forward)
 
 
@@ -201,7 +204,7 @@ def test_sparse_qkv_attention_step_is_one_call_with_the_bits_of_two(
     x = (jax.random.normal(jax.random.PRNGKey(1), (2, 3, d_model)),)
   weights, state = layer.init(shapes.signature(x if len(x) > 1 else x[0]),
                               rng=jax.random.PRNGKey(0))
-  kernel_layers.install(layer)
+  kernel_installer.install(layer)
   assert isinstance(layer, kernel_layers.KernelSparseQKVAttention)
   stored = kernel_layers.store_weights(layer, weights, 'q8')
   fused, text = _attention_steps(layer, x, stored, state, 4)
@@ -218,7 +221,7 @@ def test_sparse_qkv_attention_step_is_one_call_with_the_bits_of_two(
     for a, b in zip(jax.tree_util.tree_leaves(st),
                     jax.tree_util.tree_leaves(st2)):
       np.testing.assert_array_equal(a, b)
-  kernel_layers.install(layer, use_ffi=False)
+  kernel_installer.install(layer, use_ffi=False)
   xla, _ = _attention_steps(layer, x, stored, state, 4)
   for (out, _), (out_xla, _) in zip(fused, xla):
     np.testing.assert_allclose(out, out_xla, rtol=1e-5, atol=1e-5)
@@ -287,7 +290,7 @@ def _assert_same_steps(fused, parts):
 
 def _scaling_blocks_as_parts(monkeypatch):
   """Scaling Transformer blocks as their parts' own calls."""
-  monkeypatch.setattr(kernel_layers.KernelScalingBlocks, 'forward',
+  monkeypatch.setattr(block_layers.KernelScalingBlocks, 'forward',
                       trax_combinators.Serial.forward)
 
 
@@ -473,7 +476,7 @@ def test_terraformer_decoder_block_is_one_call(gemv_isa, monkeypatch, name,
   assert not re.findall(r'= f32\[4,64,16\]\{2,1,0\} copy\(', hlo)
   b_targets = _same_decode_as_parts(
       build, logits, tokens,
-      lambda patch: patch.setattr(kernel_layers.KernelReversibleSerial,
+      lambda patch: patch.setattr(block_layers.KernelReversibleSerial,
                                   'forward', trax_combinators.Serial.forward),
       monkeypatch)
   assert b_targets.count('tf_sparse_qkv_attention') == 4
@@ -513,15 +516,15 @@ def test_terraformer_block_state_matches_its_parts(gemv_isa, monkeypatch,
   gemv_isa(kernels.GEMV_ISA_NAMES[-1])
   model = _terraformer_q8()
   stack = next(s for s in model.sublayers
-               if isinstance(s, kernel_layers.rev.ReversibleSerial)
+               if isinstance(s, rev.ReversibleSerial)
                and len(s.sublayers) == 12)
   d = 64
   x = (jax.random.normal(jax.random.PRNGKey(2), (batch, 5, d)),
        jax.random.normal(jax.random.PRNGKey(3), (batch, 5, d)),
        jnp.array([3, 5][:batch]))
   weights, state = stack.init(shapes.signature(x), rng=jax.random.PRNGKey(5))
-  kernel_layers.install(stack)
-  assert isinstance(stack, kernel_layers.KernelReversibleSerial)
+  kernel_installer.install(stack)
+  assert isinstance(stack, block_layers.KernelReversibleSerial)
   stored = kernel_layers.store_weights(stack, weights, 'q8')
 
   def run(fused):
@@ -529,7 +532,7 @@ def test_terraformer_block_state_matches_its_parts(gemv_isa, monkeypatch,
     state)] and the HLO text of a single position's call."""
     with monkeypatch.context() as patch:
       if not fused:
-        patch.setattr(kernel_layers.KernelReversibleSerial, 'forward',
+        patch.setattr(block_layers.KernelReversibleSerial, 'forward',
                       trax_combinators.Serial.forward)
       fn = jax.jit(stack.pure_fn)
       _, st = fn(x, stored, state, jax.random.PRNGKey(0))
@@ -556,11 +559,11 @@ def test_terraformer_block_rejects_mismatched_operands(gemv_isa):
   gemv_isa(kernels.GEMV_ISA_NAMES[-1])
   model = _terraformer_q8()
   stack = next(s for s in model.sublayers
-               if isinstance(s, kernel_layers.rev.ReversibleSerial)
+               if isinstance(s, rev.ReversibleSerial)
                and len(s.sublayers) == 12)
   x = (jnp.ones((1, 1, 64)), jnp.ones((1, 1, 64)), jnp.array([1]))
   weights, state = stack.init(shapes.signature(x), rng=jax.random.PRNGKey(5))
-  kernel_layers.install(stack)
+  kernel_installer.install(stack)
   stored = kernel_layers.store_weights(stack, weights, 'q8')
   attentions, ff, sru, _ = stack._block_arguments(  # pylint: disable=protected-access
       x[0], stored, state, 0)
@@ -604,8 +607,8 @@ def test_layer_norm_runs_inside_the_next_kernel_call(gemv_isa, kind,
   weights = jax.tree_util.tree_map(
       lambda w: w + 0.1 * jax.random.normal(jax.random.PRNGKey(4), w.shape)
       if w.dtype == jnp.float32 else w, weights)  # LayerNorm scale != 1.
-  kernel_layers.install(layer)
-  assert isinstance(layer, kernel_layers.KernelNormSerial)
+  kernel_installer.install(layer)
+  assert isinstance(layer, block_layers.KernelNormSerial)
   stored = kernel_layers.store_weights(layer, weights, storage)
   fused, text = _attention_steps(layer, x, stored, state, 3)
   target = ('tf_sparse_qkv_attention' if kind == 'attention'
@@ -613,12 +616,12 @@ def test_layer_norm_runs_inside_the_next_kernel_call(gemv_isa, kind,
   folds = storage == 'q8' or kind == 'sparse_ff'
   assert (target in text) == folds
   assert ('stablehlo.reduce' not in text) == folds
-  saved = kernel_layers.KernelNormSerial.forward
+  saved = block_layers.KernelNormSerial.forward
   try:
-    kernel_layers.KernelNormSerial.forward = trax_combinators.Serial.forward
+    block_layers.KernelNormSerial.forward = trax_combinators.Serial.forward
     apart, text = _attention_steps(layer, x, stored, state, 3)
   finally:
-    kernel_layers.KernelNormSerial.forward = saved
+    block_layers.KernelNormSerial.forward = saved
   assert 'stablehlo.reduce' in text  # XLA's LayerNorm.
   for (out, st), (out2, st2) in zip(fused, apart):
     np.testing.assert_allclose(out, out2, rtol=1e-5, atol=1e-5)

@@ -13,6 +13,7 @@ from trax import shapes
 
 from terraformer.decoding import step as decode_step
 from terraformer import kernels
+from terraformer.kernels import installer as kernel_installer
 from terraformer.kernels import layers as kernel_layers
 from terraformer.layers.sparse_ff import SparseFF
 from greedy_decoding import greedy  # tests/greedy_decoding.py
@@ -89,7 +90,7 @@ def test_sparse_ff_kernel_equals_xla_layer(isa, request, name, parallel,
   x = jax.random.normal(jax.random.PRNGKey(3), (1, 2, 40))
   weights, state = layer.init(shapes.signature(x), rng=jax.random.PRNGKey(4))
   expected = layer(x)
-  assert kernel_layers.install(layer) == 1
+  assert kernel_installer.install(layer) == 1
   assert isinstance(layer, kernel_layers.KernelSparseFF)
   got = layer(x)
   np.testing.assert_allclose(np.asarray(got), np.asarray(expected),
@@ -168,7 +169,7 @@ def test_store_weights_types():
   model = _encdec()
   sig = decode_step.predict_signature(model, prompt_len=8)
   weights, _ = model.init(sig, rng=jax.random.PRNGKey(1))
-  kernel_layers.install(model)
+  kernel_installer.install(model)
   stored = kernel_layers.store_weights(model, weights, 'int8')
   dtypes = {str(a.dtype) for a in jax.tree_util.tree_leaves(stored)}
   assert 'int8' in dtypes and 'float32' in dtypes

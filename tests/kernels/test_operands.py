@@ -15,6 +15,7 @@ import pytest
 from trax import shapes
 
 from terraformer import kernels
+from terraformer.kernels import installer as kernel_installer
 from terraformer.kernels import layers as kernel_layers
 from terraformer.kernels import operands
 from terraformer.layers.attention import SelfAttention
@@ -87,7 +88,7 @@ def test_the_layers_name_the_operands_as_the_lists_do(gemv_isa):
                         predict_mem_len=16)
   x = (jnp.ones((1, 1, 64)), jnp.array([1]))
   weights, state = layer.init(shapes.signature(x), rng=jax.random.PRNGKey(0))
-  kernel_layers.install(layer)
+  kernel_installer.install(layer)
   stored = kernel_layers.store_weights(layer, weights, 'q8')
   arguments, _ = layer.step_arguments(x[0], stored, state)
   assert set(arguments) == _names(
@@ -95,7 +96,7 @@ def test_the_layers_name_the_operands_as_the_lists_do(gemv_isa):
       ('x', 'norm_scale', 'norm_bias')) | {'qk_width', 'v_width'}
   ff = SparseFF(128, 8, 4, mode='predict')
   weights, _ = ff.init(shapes.signature(x[0]), rng=jax.random.PRNGKey(0))
-  kernel_layers.install(ff)
+  kernel_installer.install(ff)
   arguments = ff.step_arguments(x[0], kernel_layers.store_weights(
       ff, weights, 'q8'))
   assert set(arguments) == _names(

@@ -18,6 +18,7 @@ from trax import shapes
 from terraformer import kernels
 from terraformer.benchmarks import weight_factory
 from terraformer.decoding import step as decode_step
+from terraformer.kernels import installer as kernel_installer
 from terraformer.kernels import layers as kernel_layers
 from terraformer.layers.multiplicative_dense import MultiplicativeDense
 from terraformer.layers.sparse_qkv_attention import ModuleConv
@@ -214,7 +215,7 @@ def _layer_case(layer, x):
   a layer called on x with 'q8' weights."""
   weights, state = layer.init(shapes.signature(x), rng=jax.random.PRNGKey(0))
   expected = layer(x)
-  kernel_layers.install(layer)
+  kernel_installer.install(layer)
   stored = kernel_layers.store_weights(layer, weights, 'q8')
   outputs = []
   for use_ffi in (True, False):
@@ -306,7 +307,7 @@ def test_random_q8_weights_have_store_weights_structure(monkeypatch):
   layer = tl.Serial(tl.Dense(80), tl.Dense(50))
   x = shapes.ShapeDtype((1, 1, 64), jnp.float32)
   layer.init(x, rng=jax.random.PRNGKey(0))
-  kernel_layers.install(layer)
+  kernel_installer.install(layer)
   weight_shapes = jax.eval_shape(lambda: layer.weights)
   converted = kernel_layers.store_weights(layer, layer.weights, 'q8')
   direct = weight_factory.random_stored_weights(layer, weight_shapes, 'q8')
