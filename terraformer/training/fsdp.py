@@ -18,6 +18,8 @@ with the same counters, guards and messages
   `training/gradients_l2`, `training/weights_l2`. They go into a Trax
   `History` and TensorBoard event files (`train/`, `eval/`) written by
   process 0, with `config.gin`; the metrics are those of the global batch;
+- a step's checkpoints saved after its evals
+  (`run_state.EvalsBeforeCheckpoints`, as Loop's);
 - sharded crash-safe checkpoints (`CheckpointStore(sharded=True)`): each
   process writes and reads its own shards, process 0 the `COMMITTED` marker;
   the arrays and meta are those of Loop's checkpoints (`weights_*`,
@@ -312,6 +314,8 @@ class FsdpLoop(run_state.RunCounters):
     self._settings = settings
     self._chief = not jax.process_index()
     self._writers = None
+    self._saves = run_state.EvalsBeforeCheckpoints(settings.eval_at,
+                                                   self.save_checkpoint)
 
   # Checkpoints.
 
@@ -413,14 +417,9 @@ class FsdpLoop(run_state.RunCounters):
                     self._settings.skip_non_finite, self._store)
 
   def run(self, n_steps, lr_schedule, on_eval):
-    """Trains `n_steps` more steps: each step, its evals, its checkpoints
-    (when `settings` say).
-
-    Evals before checkpoints (Trax's Loop.run saves first; `_Checkpointed
-    Loop` defers its saves the same way): evaluating draws from the rng, so
-    the checkpoint must hold the rng of after the evals for a resumed run to
-    draw what the uninterrupted one does. A crash during the
-    evals resumes from the checkpoint before.
+    """Trains `n_steps` more steps: each step, then its checkpoints and
+    evals as Trax's Loop.run asks for them (when `settings` say), the
+    checkpoints saved after the evals (`run_state.EvalsBeforeCheckpoints`).
     """
     settings = self._settings
     if self._chief:
@@ -433,6 +432,10 @@ class FsdpLoop(run_state.RunCounters):
         self.step += 1
         steps_run += 1
         self._train_one_step()
+        if settings.checkpoint_at(self.step):
+          self._saves.save(self.step, 'model')
+        if settings.permanent_checkpoint_at(self.step):
+          self._saves.save(self.step, f'model_{self.step}')
         if settings.eval_at(self.step):
           elapsed = time.time() - start
           sums, self.since_eval = self.since_eval, run_state.new_since_eval()
@@ -452,11 +455,8 @@ class FsdpLoop(run_state.RunCounters):
                           'training/', stdout=False)
           self.run_evals()
           on_eval()
+          self._saves.evals_done(self.step)
           start, steps_run = time.time(), 0
-        if settings.checkpoint_at(self.step):
-          self.save_checkpoint('model')
-        if settings.permanent_checkpoint_at(self.step):
-          self.save_checkpoint(f'model_{self.step}')
     finally:
       if self._writers:
         for writer in self._writers.values():

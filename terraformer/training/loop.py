@@ -110,7 +110,8 @@ class _CheckpointedLoop(run_state.RunCounters, training.Loop):
   `model.pkl.gz` is written next to it in one atomic file.
   `_run_one_step` stops at the first non-finite loss or gradient norm
   (before that step's checkpoint), or with `skip_non_finite` restores the
-  weights and slots of before the step and counts it.
+  weights and slots of before the step and counts it. A step's checkpoints
+  wait for its evals (`run_state.EvalsBeforeCheckpoints`).
   """
 
   def __init__(self, *args, store, skip_non_finite=False, **kwargs):
@@ -119,8 +120,9 @@ class _CheckpointedLoop(run_state.RunCounters, training.Loop):
     self.reset_counters()  # Checkpointed with the step (`RunCounters`).
     self._in_train_step = False
     self._in_run = False  # Inside `run` (its evals follow its saves).
-    self._evals_done_at = None  # Step of the last `run_evals`.
-    self._deferred_saves = []  # Basenames waiting for this step's evals.
+    self._saves = run_state.EvalsBeforeCheckpoints(
+        lambda step: self._in_run and self._eval_at(step),
+        self._save_checkpoint_now)
     self._resumed_at = 0  # Step `run` resumed from, until config.gin is saved.
     super().__init__(*args, **kwargs)
 
@@ -198,21 +200,8 @@ class _CheckpointedLoop(run_state.RunCounters, training.Loop):
           'saved: resume is not exact)', flush=True)
 
   def save_checkpoint(self, basename):
-    # Loop.run saves a step's checkpoints before its evals, which draw from
-    # the loop's rng (`new_rng` per eval batch): a checkpoint taken there
-    # holds the rng of before the evals, and a run resumed from it draws
-    # other numbers (sparse FF noise, dropout) than the uninterrupted run
-    # does. At a step with evals the saves wait for them (`run_evals`):
-    # checkpoint and history then include the step's evals; a crash during
-    # them resumes from the checkpoint before.
-    if self._evals_pending():
-      self._deferred_saves.append(basename)
-      return
-    self._save_checkpoint_now(basename)
-
-  def _evals_pending(self):
-    return (self._in_run and self._evals_done_at != self.step
-            and self._eval_at(self.step))
+    # Inside `run`, a step's saves wait for its evals (`run_evals`).
+    self._saves.save(self.step, basename)
 
   def run(self, n_steps=1):
     self._in_run = True
@@ -224,10 +213,7 @@ class _CheckpointedLoop(run_state.RunCounters, training.Loop):
 
   def run_evals(self, summary_writers=None):
     super().run_evals(summary_writers)
-    self._evals_done_at = self.step
-    saves, self._deferred_saves = self._deferred_saves, []
-    for basename in saves:
-      self._save_checkpoint_now(basename)
+    self._saves.evals_done(self.step)
 
   def _save_checkpoint_now(self, basename):
     if not distributed.is_multiprocess():

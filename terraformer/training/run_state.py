@@ -13,7 +13,9 @@ weights) or, with `weight_sharding = 'fsdp'`, `fsdp.FsdpLoop`. Both:
 - stop at the first non-finite loss or gradient norm with one line, or with
   `skip_non_finite` count the step as skipped (`RunCounters.check_step`);
 - stop on every process when process 0 could not do what it alone does
-  (`stop_together`).
+  (`stop_together`);
+- end a step as Trax's `Loop.run` orders it, its checkpoints saved after its
+  evals (`EvalsBeforeCheckpoints`).
 """
 import dataclasses
 import math
@@ -149,3 +151,39 @@ class RunCounters:
     say(f'Skipped step {step}: non-finite {bad[0]} ({bad[1]}); '
         f'{self.skipped_steps} skipped so far')
     return bad
+
+
+class EvalsBeforeCheckpoints:
+  """Saves a step's checkpoints after the step's evals, in both loops.
+
+  Trax's `Loop.run` asks for a step's checkpoints before its evals, which
+  draw from the loop's rng (`new_rng` per eval batch): a checkpoint taken
+  there would hold the rng of before the evals, and a run resumed from it
+  would draw other numbers (sparse FF noise, dropout) than the uninterrupted
+  run does. A save asked for at a step whose evals are still to come waits
+  for them (`evals_done`): checkpoint and history then include the step's
+  evals; a crash during them resumes from the checkpoint before.
+
+  `eval_at(step)`: whether `step` has evals; `save_now(basename)`: saves.
+  """
+
+  def __init__(self, eval_at, save_now):
+    self._eval_at = eval_at
+    self._save_now = save_now
+    self._evals_done_at = None  # Step of the last `evals_done`.
+    self._waiting = []  # Basenames waiting for this step's evals.
+
+  def save(self, step, basename):
+    """Saves checkpoint `basename` at `step`: now, or after its evals."""
+    if self._evals_done_at != step and self._eval_at(step):
+      self._waiting.append(basename)
+    else:
+      self._save_now(basename)
+
+  def evals_done(self, step):
+    """The evals of `step` are recorded: saves what waited for them."""
+    self._evals_done_at = step
+    waiting, self._waiting = self._waiting, []
+    for basename in waiting:
+      self._save_now(basename)
+
