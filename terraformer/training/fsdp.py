@@ -17,7 +17,8 @@ with the same counters, guards and messages
   eval), `training/learning_rate`, `training/steps per second`,
   `training/gradients_l2`, `training/weights_l2`. They go into a Trax
   `History` and TensorBoard event files (`train/`, `eval/`) written by
-  process 0, with `config.gin`; the metrics are those of the global batch;
+  process 0, with `config.gin` (`run_state.RunLog`, as Loop's); the metrics
+  are those of the global batch;
 - a step's checkpoints saved after its evals
   (`run_state.EvalsBeforeCheckpoints`, as Loop's);
 - sharded crash-safe checkpoints (`CheckpointStore(sharded=True)`): each
@@ -35,7 +36,6 @@ with the same counters, guards and messages
 import os
 import time
 
-import gin
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -316,6 +316,7 @@ class FsdpLoop(run_state.RunCounters):
     self._writers = None
     self._saves = run_state.EvalsBeforeCheckpoints(settings.eval_at,
                                                    self.save_checkpoint)
+    self._run_log = run_state.RunLog(output_dir if self._chief else None)
 
   # Checkpoints.
 
@@ -376,35 +377,17 @@ class FsdpLoop(run_state.RunCounters):
 
   # Metrics.
 
-  def _summaries(self, mode, values, prefix, stdout=True):
-    """Loop.log_summary: history, TensorBoard (process 0), log lines."""
-    writer = self._writers[mode] if self._writers else None
-    width = max(len(name) for name in ['loss'] + self._metric_names)
-    for name, value in values.items():
-      if stdout:
-        say(f'Step {self.step:6d}: {mode.ljust(5)} {name.rjust(width)} | '
-            f'{value: .8f}')
-      if writer is not None:
-        writer.scalar(prefix + name, value, self.step)
-      self.history.append(mode, prefix + name, self.step, value)
-    if writer is not None:
-      writer.flush()
+  def _writer(self, mode):
+    return self._writers[mode] if self._writers else None
 
   def run_evals(self):
     sums = np.zeros(len(self._metric_names))
     for batch in self._eval_set:
       sums += self.trainer.evaluate(batch, self._metric_layers)
-    self._summaries('eval', dict(zip(
-        self._metric_names, sums / len(self._eval_set))), 'metrics/')
-
-  def _save_gin(self):
-    if not self._chief:
-      return
-    config = gin.operative_config_str()
-    with open(os.path.join(self._output_dir, 'config.gin'), 'w') as f:
-      f.write(config)
-    self._writers['train'].text(
-        'gin_config', jaxboard.markdownify_operative_config_str(config))
+    self._run_log.summary(
+        self.history, self.step,
+        dict(zip(self._metric_names, sums / len(self._eval_set))),
+        self._writer('eval'), 'metrics/', 'eval')
 
   # Training.
 
@@ -425,7 +408,7 @@ class FsdpLoop(run_state.RunCounters):
     if self._chief:
       self._writers = {mode: jaxboard.SummaryWriter(
           os.path.join(self._output_dir, mode)) for mode in ('train', 'eval')}
-    resumed_at = self.step  # config.gin: written at step 1 or resume.
+    self._run_log.started(self.step)
     try:
       start, steps_run = time.time(), 0
       for _ in range(n_steps):
@@ -438,21 +421,10 @@ class FsdpLoop(run_state.RunCounters):
           self._saves.save(self.step, f'model_{self.step}')
         if settings.eval_at(self.step):
           elapsed = time.time() - start
-          sums, self.since_eval = self.since_eval, run_state.new_since_eval()
-          n = max(sums['steps'], 1)
-          say(f'Step {self.step:6d}: Ran {sums["steps"]} train steps in '
-              f'{elapsed:0.2f} secs')
-          self._summaries('train', {'loss': sums['loss'] / n}, 'metrics/')
-          if self.step == 1 or (
-              resumed_at and self._chief and resume.retire_stale_config_gin(
-                  self._output_dir, resumed_at)):
-            self._save_gin()
-          resumed_at = 0
-          self._summaries('train', dict(
-              {'learning_rate': float(lr_schedule(self.step)),
-               'steps per second': steps_run / max(elapsed, 1e-9)},
-              **{k: v / n for k, v in sums['stats'].items()}),
-                          'training/', stdout=False)
+          self._run_log.train(
+              self.history, self.step, self._writer('train'),
+              self.take_since_eval(), elapsed, float(lr_schedule(self.step)),
+              steps_run / max(elapsed, 1e-9))
           self.run_evals()
           on_eval()
           self._saves.evals_done(self.step)

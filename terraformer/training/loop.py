@@ -111,7 +111,8 @@ class _CheckpointedLoop(run_state.RunCounters, training.Loop):
   `_run_one_step` stops at the first non-finite loss or gradient norm
   (before that step's checkpoint), or with `skip_non_finite` restores the
   weights and slots of before the step and counts it. A step's checkpoints
-  wait for its evals (`run_state.EvalsBeforeCheckpoints`).
+  wait for its evals (`run_state.EvalsBeforeCheckpoints`); summaries, lines
+  and `config.gin` are `run_state.RunLog`'s.
   """
 
   def __init__(self, *args, store, skip_non_finite=False, **kwargs):
@@ -123,8 +124,12 @@ class _CheckpointedLoop(run_state.RunCounters, training.Loop):
     self._saves = run_state.EvalsBeforeCheckpoints(
         lambda step: self._in_run and self._eval_at(step),
         self._save_checkpoint_now)
-    self._resumed_at = 0  # Step `run` resumed from, until config.gin is saved.
     super().__init__(*args, **kwargs)
+    self._run_log = run_state.RunLog(
+        self._output_dir if self.is_chief else None,
+        log=training._log,  # pylint: disable=protected-access
+        mean=(distributed.global_mean if distributed.is_multiprocess()
+              else None))
 
   def _trees(self):
     """part -> tree of everything a resume needs, but the rng."""
@@ -205,7 +210,7 @@ class _CheckpointedLoop(run_state.RunCounters, training.Loop):
 
   def run(self, n_steps=1):
     self._in_run = True
-    self._resumed_at = self.step
+    self._run_log.started(self.step)
     try:
       return super().run(n_steps)
     finally:
@@ -275,33 +280,22 @@ class _CheckpointedLoop(run_state.RunCounters, training.Loop):
     """Logs the train metrics since the last eval from `since_eval`, which
     checkpoints carry (Loop.run's sums start at 0 in every process: the
     first eval after a resume between two evals would average fewer steps
-    than the uninterrupted run's). Skipped non-finite steps are left out."""
+    than the uninterrupted run's), by `run_state.RunLog.train`."""
     del total_loss, n_steps, optimizer_metrics  # Loop.run's; this process's.
-    sums = self.since_eval
-    self.since_eval = run_state.new_since_eval()
-    super()._log_training_progress(
-        task, sums['loss'], sums['steps'], elapsed_time, sums['stats'],
-        summary_writer)
-    if self._resumed_at:
-      self._save_gin_of_resumed_run(summary_writer)
-
-  def _save_gin_of_resumed_run(self, summary_writer):
-    """A resumed run's config.gin, at its first log
-    (`resume.retire_stale_config_gin`)."""
-    start, self._resumed_at = self._resumed_at, 0
-    if (self.is_chief and self._output_dir is not None
-        and resume.retire_stale_config_gin(self._output_dir, start)):
-      self._save_gin(summary_writer)
+    sums = self.take_since_eval()
+    # Trax's own lines first: a blank one, at step 1 the number of weights.
+    training._log('')  # pylint: disable=protected-access
+    if self.step == 1:
+      self._log_n_weights()
+    self._run_log.train(
+        self._history, self.step, summary_writer, sums, elapsed_time,
+        task.learning_rate(self.step), max(sums['steps'], 1) / elapsed_time)
 
   def log_summary(self, values, summary_writer, value_prefix, log_prefix,
                   stdout=True):
     """Logs metrics averaged over all processes (Trax: this process's)."""
-    names = [name for name, value in values.items() if not np.ndim(value)]
-    if distributed.is_multiprocess() and names:
-      means = distributed.global_mean([values[name] for name in names])
-      values = dict(values, **{n: float(m) for n, m in zip(names, means)})
-    return super().log_summary(values, summary_writer, value_prefix,
-                               log_prefix, stdout=stdout)
+    self._run_log.summary(self._history, self.step, values, summary_writer,
+                          value_prefix, log_prefix, stdout=stdout)
 
   def _run_one_step(self, task_index, task_changed):
     trainer = self._trainer_per_task[task_index]

@@ -9,16 +9,13 @@
   removes the output directory if it made it (nothing of value was written);
 - a restored checkpoint says how many train batches it had consumed: they are
   skipped, so training goes on with the data it would have seen;
-- one line says where training resumes, or that it is already done;
-- `config.gin` is written after step 1; a run resumed with other bindings
-  rewrites it at its first log and keeps the earlier one
-  (`retire_stale_config_gin`).
+- one line says where training resumes, or that it is already done.
+
+What both do while they run: terraformer/training/run_state.py.
 """
 import contextlib
 import os
 import shutil
-
-import gin
 
 from terraformer.distributed import say
 
@@ -54,24 +51,3 @@ def resume(loop, train_batches, steps, output_dir, init_checkpoint=None):
     return False
   return True
 
-
-def retire_stale_config_gin(output_dir, resumed_from):
-  """Renames a stale `config.gin`; returns whether to (re)write it.
-
-  Both loops write `config.gin` after step 1 only, so a run resumed with
-  other bindings (a curriculum's next stage, another learning rate) would
-  keep its first start's. True when it is missing or differs from the
-  operative config; a differing one is first renamed
-  `config.until_step_N.gin` (N = `resumed_from`), with one line saying so.
-  """
-  path = os.path.join(output_dir, 'config.gin')
-  if not os.path.exists(path):
-    return True
-  with open(path) as f:
-    if f.read() == gin.operative_config_str():
-      return False
-  kept = os.path.join(output_dir, f'config.until_step_{resumed_from}.gin')
-  os.replace(path, kept)
-  say(f'Bindings changed since step {resumed_from}: config.gin rewritten, the '
-      f'earlier one kept as {kept}')
-  return True

@@ -15,13 +15,17 @@ weights) or, with `weight_sharding = 'fsdp'`, `fsdp.FsdpLoop`. Both:
 - stop on every process when process 0 could not do what it alone does
   (`stop_together`);
 - end a step as Trax's `Loop.run` orders it, its checkpoints saved after its
-  evals (`EvalsBeforeCheckpoints`).
+  evals (`EvalsBeforeCheckpoints`);
+- log the same summaries, lines and `config.gin` (`RunLog`).
 """
 import dataclasses
 import math
+import os
 from typing import Any
 
+import gin
 import numpy as np
+from trax import jaxboard
 from trax import layers as tl
 from trax.supervised import history as trax_history
 
@@ -117,6 +121,11 @@ class RunCounters:
     self.since_eval = meta.get('since_eval', new_since_eval())
     return trax_history.History.from_dict(meta['history'])
 
+  def take_since_eval(self):
+    """The sums of `since_eval`, which start again from 0 (at a train log)."""
+    sums, self.since_eval = self.since_eval, new_since_eval()
+    return sums
+
   def count_step(self, step):
     """Counts step `step`'s train batch as consumed and tells the supervisor
     (for the one line of a peer's death)."""
@@ -187,3 +196,116 @@ class EvalsBeforeCheckpoints:
     for basename in waiting:
       self._save_now(basename)
 
+
+# Column of the metric names in the log lines: Trax's Loop's (the loss and
+# eval metric names of both loops).
+_NAME_WIDTH = max(map(len, ('loss',) + EVAL_METRICS))
+
+
+def _say_stdout(line, stdout=True):
+  if stdout:
+    say(line)
+
+
+class RunLog:
+  """What both loops log: summaries, lines and `config.gin`.
+
+  `summary` is Trax's `Loop.log_summary`, `train` its
+  `Loop._log_training_progress` (from `RunCounters.since_eval`), and
+  `config.gin` is written as Trax's `Loop._save_gin` writes it, at step 1
+  and at a resumed run's first train log if its bindings changed
+  (`retire_stale_config_gin`).
+
+  `output_dir`: where `config.gin` goes; None on a process that writes no
+  files (no events either). `log(line, stdout)`: how a line is logged
+  (default: `say`, the stdout ones); Trax's Loop: its `_log`. `mean`: the
+  means of a list of values over all processes, for metrics that are a
+  process's own (Trax's Loop over several processes); None: they are the
+  global batch's already.
+  """
+
+  def __init__(self, output_dir, log=_say_stdout, mean=None):
+    self._output_dir = output_dir
+    self._log = log
+    self._mean = mean
+    self._resumed_at = 0  # Step a run resumed from, until its first log.
+
+  def started(self, step):
+    """A run starts at `step` (0: from scratch)."""
+    self._resumed_at = step
+
+  def summary(self, history, step, values, writer, value_prefix, mode,
+              stdout=True):
+    """Per value of `values` (name -> value) at `step`: a line (`stdout`),
+    a TensorBoard scalar or image (`writer`, None: no events) and an entry
+    of the Trax `history` under `mode`."""
+    names = [name for name, value in values.items() if not np.ndim(value)]
+    if self._mean is not None and names:
+      means = self._mean([values[name] for name in names])
+      values = dict(values, **{n: float(m) for n, m in zip(names, means)})
+    if self._output_dir is None:
+      writer = None
+    for name, value in values.items():
+      if not np.ndim(value):
+        self._log(f'Step {step: 6d}: {mode.ljust(5)} '
+                  f'{name.rjust(_NAME_WIDTH)} | {value: .8f}', stdout=stdout)
+        if writer is not None:
+          writer.scalar(value_prefix + name, value, step)
+      elif writer is not None:
+        writer.image(value_prefix + name, value, step)
+      history.append(mode, value_prefix + name, step, value)
+    if writer is not None:
+      writer.flush()
+
+  def train(self, history, step, writer, since_eval, elapsed, learning_rate,
+            steps_per_second):
+    """The train log of an eval step: the steps run since the last eval and
+    their time (`elapsed` seconds), their mean loss (`metrics/loss`),
+    `config.gin`, then `learning_rate`, `steps_per_second` and the means of
+    the optimizer stats (`training/`, on no line). `since_eval`:
+    `RunCounters.take_since_eval()` (skipped steps left out)."""
+    n = max(since_eval['steps'], 1)
+    self._log(f'Step {step: 6d}: Ran {since_eval["steps"]} train steps in '
+              f'{elapsed:0.2f} secs', stdout=True)
+    self.summary(history, step, {'loss': since_eval['loss'] / n}, writer,
+                 'metrics/', 'train')
+    resumed_at, self._resumed_at = self._resumed_at, 0
+    if self._output_dir is not None and (step == 1 or (
+        resumed_at and retire_stale_config_gin(self._output_dir, resumed_at))):
+      save_config_gin(self._output_dir, writer)
+    stats = {name: value / n for name, value in since_eval['stats'].items()}
+    self.summary(history, step, dict(
+        {'learning_rate': learning_rate, 'steps per second': steps_per_second},
+        **stats), writer, 'training/', 'train', stdout=False)
+
+
+def save_config_gin(output_dir, writer):
+  """Writes the operative gin config to `output_dir`/config.gin and, as
+  text 'gin_config', to `writer` (None: not)."""
+  config = gin.operative_config_str()
+  with open(os.path.join(output_dir, 'config.gin'), 'w') as f:
+    f.write(config)
+  if writer is not None:
+    writer.text('gin_config', jaxboard.markdownify_operative_config_str(config))
+
+
+def retire_stale_config_gin(output_dir, resumed_from):
+  """Renames a stale `config.gin`; returns whether to (re)write it.
+
+  Both loops write `config.gin` after step 1 only, so a run resumed with
+  other bindings (a curriculum's next stage, another learning rate) would
+  keep its first start's. True when it is missing or differs from the
+  operative config; a differing one is first renamed
+  `config.until_step_N.gin` (N = `resumed_from`), with one line saying so.
+  """
+  path = os.path.join(output_dir, 'config.gin')
+  if not os.path.exists(path):
+    return True
+  with open(path) as f:
+    if f.read() == gin.operative_config_str():
+      return False
+  kept = os.path.join(output_dir, f'config.until_step_{resumed_from}.gin')
+  os.replace(path, kept)
+  say(f'Bindings changed since step {resumed_from}: config.gin rewritten, the '
+      f'earlier one kept as {kept}')
+  return True
