@@ -49,6 +49,11 @@
 #                             with names in `missing`: says to run them
 #                             (VAR=..., default SETTINGS) and exits 0,
 #                             writing no table
+#   lanes FN SPEC...          FN CORE SPEC for every SPEC, one lane of runs a
+#                             CPU core of CORES (default '0 1'; the array
+#                             `cores`): each lane takes the next SPEC no lane
+#                             has claimed; its output into OUT/laneN.log;
+#                             exits 1 after all lanes end if a run failed
 #   record ARGS...            tools/results.py record NAME with every table and
 #                             figure `tabulate` kept, and ARGS; the short
 #                             version records nothing
@@ -195,6 +200,31 @@ exit_unless_complete() {
     banner "not evaluated yet: ${missing[*]} (run them, e.g." \
       "${1:-SETTINGS}=\"${missing[*]}\"); no table"
     exit 0
+  fi
+}
+
+read -r -a cores <<< "${CORES:-0 1}"
+lanes() {
+  local fn=$1 n pid failed=0 pids=()
+  shift
+  rm -rf "$out/.claims"
+  mkdir -p "$out/.claims"
+  banner "$# runs, ${#cores[@]} at a time on cores ${cores[*]}" \
+    "(logs: $out/lane*.log)"
+  for n in "${!cores[@]}"; do
+    # A claim is a directory: mkdir is atomic, so two lanes never take one.
+    (for spec in "$@"; do
+       if mkdir "$out/.claims/${spec//[:\/]/_}" 2> /dev/null; then
+         "$fn" "${cores[$n]}" "$spec"
+       fi
+     done >> "$out/lane$n.log" 2>&1) &
+    pids+=($!)
+  done
+  for pid in "${pids[@]}"; do wait "$pid" || failed=1; done
+  rm -rf "$out/.claims"
+  if (( failed )); then
+    banner "a run failed: see $out/lane*.log"
+    exit 1
   fi
 }
 

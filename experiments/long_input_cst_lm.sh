@@ -94,7 +94,6 @@ label_of() {
     [[ "${spec%%|*}" != "$1" ]] || echo "${spec#*|}"
   done
 }
-read -r -a cores <<< "${CORES:-0 1}"
 
 banner "step time and compiled memory, one core (${cores[0]}), nothing beside"
 for len in $lengths; do
@@ -144,34 +143,13 @@ train() {
     --output_dir="$run"
 }
 
-# lane N CORE: takes the next run nobody has claimed (mkdir is atomic), until
-# none is left, on CPU core CORE; its output goes to OUT/laneN.log.
-lane() {
-  local n=$1 core=$2 spec
-  for spec in "${runs[@]}"; do
-    if mkdir "$out/.claims/${spec//:/_}" 2> /dev/null; then
-      IFS=: read -r len row seed target <<< "$spec"
-      train "$core" "$len" "$row" "$seed" "$target"
-    fi
-  done >> "$out/lane$n.log" 2>&1
+# train_run CORE LEN:ROW:SEED:TARGET: train on core CORE.
+train_run() {
+  local len row seed target
+  IFS=: read -r len row seed target <<< "$2"
+  train "$1" "$len" "$row" "$seed" "$target"
 }
-
-rm -rf "$out/.claims"
-mkdir -p "$out/.claims"
-banner "${#runs[@]} runs, ${#cores[@]} at a time on cores ${cores[*]}" \
-  "(logs: $out/lane*.log)"
-pids=()
-for n in "${!cores[@]}"; do
-  lane "$n" "${cores[$n]}" &
-  pids+=($!)
-done
-failed=0
-for pid in "${pids[@]}"; do wait "$pid" || failed=1; done
-rm -rf "$out/.claims"
-if (( failed )); then
-  banner "a run failed: see $out/lane*.log"
-  exit 1
-fi
+lanes train_run "${runs[@]}"
 
 tables=()
 for len in $lengths; do

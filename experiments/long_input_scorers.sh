@@ -108,34 +108,9 @@ train_and_score() {
   done
 }
 
-# lane N CORE: takes the next run nobody has claimed (mkdir is atomic), until
-# none is left, on CPU core CORE; its output goes to OUT/laneN.log.
-lane() {
-  local n=$1 core=$2 spec
-  for spec in "${runs[@]}"; do
-    if mkdir "$out/.claims/${spec/:/_s}" 2> /dev/null; then
-      train_and_score "$core" "${spec%%:*}" "${spec##*:}"
-    fi
-  done >> "$out/lane$n.log" 2>&1
-}
-
-read -r -a cores <<< "${CORES:-0 1}"
-rm -rf "$out/.claims"
-mkdir -p "$out/.claims"
-banner "${#runs[@]} runs, ${#cores[@]} at a time on cores ${cores[*]}" \
-  "(logs: $out/lane*.log)"
-pids=()
-for n in "${!cores[@]}"; do
-  lane "$n" "${cores[$n]}" &
-  pids+=($!)
-done
-failed=0
-for pid in "${pids[@]}"; do wait "$pid" || failed=1; done
-rm -rf "$out/.claims"
-if (( failed )); then
-  banner "a run failed: see $out/lane*.log"
-  exit 1
-fi
+# score_run CORE ROW:SEED: train_and_score on core CORE.
+score_run() { train_and_score "$1" "${2%%:*}" "${2##*:}"; }
+lanes score_run "${runs[@]}"
 
 banner "step time and compiled memory at batch 16, $len tokens"
 bench_files=()
