@@ -58,6 +58,23 @@ struct Operand {
     }                                                                  \
   }
 
+// The LayerNorm a kernel applies first (NormRows): scale [d] (or [1]:
+// none) and bias [d].
+#define TF_NORM_OPERANDS(X)            \
+  X(norm_scale, ffi::Buffer<ffi::F32>) \
+  X(norm_bias, ffi::Buffer<ffi::F32>)
+
+// Sparse QKV's multiplicative layer and kept inputs: D int8 [S, d] with
+// row scales [S], E packed (d -> M) with its scales [M] and bias [S * M],
+// the kept inputs [B, F - 1, S, M].
+#define TF_MULTIPLICATIVE_OPERANDS(X) \
+  X(d, ffi::Buffer<ffi::S8>)          \
+  X(d_scale, ffi::Buffer<ffi::F32>)   \
+  X(e, ffi::Buffer<ffi::S8>)          \
+  X(e_scale, ffi::Buffer<ffi::F32>)   \
+  X(e_bias, ffi::Buffer<ffi::F32>)    \
+  X(kept, ffi::Buffer<ffi::F32>)
+
 // x [T, d], C1 [d, r], C2 [r, F] float32 or packed for the Q8 GEMV
 // ([ceil(F / 16), r' / 4, 16, 4] int8, r' = r rounded up to 32, with its output
 // scales c2_scale [F]; [1] for float C2), c [F], W1ᵀ [F, d], W2 [F, d],
@@ -73,8 +90,7 @@ struct Operand {
   X(b2, ffi::Buffer<ffi::F32>)       \
   X(s1, ffi::Buffer<ffi::F32>)       \
   X(s2, ffi::Buffer<ffi::F32>)       \
-  X(norm_scale, ffi::Buffer<ffi::F32>) \
-  X(norm_bias, ffi::Buffer<ffi::F32>)
+  TF_NORM_OPERANDS(X)
 TF_OPERAND_GROUP(SparseFFOperands, TF_SPARSE_FF_OPERANDS);
 
 // The sparse QKV step (paper §3.2, Fig. 4b) of one new position per row, in
@@ -90,12 +106,7 @@ TF_OPERAND_GROUP(SparseFFOperands, TF_SPARSE_FF_OPERANDS);
 // packed (F qk_width M -> 2 M), scales and bias [2 M], the V kernel packed
 // (F v_width M -> M), scales and bias [M] -> q, k, v [B, S * M], kept'.
 #define TF_SPARSE_QKV_OPERANDS(X)   \
-  X(d, ffi::Buffer<ffi::S8>)         \
-  X(d_scale, ffi::Buffer<ffi::F32>)  \
-  X(e, ffi::Buffer<ffi::S8>)         \
-  X(e_scale, ffi::Buffer<ffi::F32>)  \
-  X(e_bias, ffi::Buffer<ffi::F32>)   \
-  X(kept, ffi::Buffer<ffi::F32>)     \
+  TF_MULTIPLICATIVE_OPERANDS(X)      \
   X(qk, ffi::Buffer<ffi::S8>)        \
   X(qk_scale, ffi::Buffer<ffi::F32>) \
   X(qk_bias, ffi::Buffer<ffi::F32>)  \
@@ -118,8 +129,7 @@ TF_OPERAND_GROUP(SparseQKVOperands, TF_SPARSE_QKV_OPERANDS);
   X(values, ffi::Buffer<ffi::F32>)     \
   X(valid, ffi::Buffer<ffi::PRED>)     \
   X(idx, ffi::Buffer<ffi::S32>)        \
-  X(norm_scale, ffi::Buffer<ffi::F32>) \
-  X(norm_bias, ffi::Buffer<ffi::F32>)
+  TF_NORM_OPERANDS(X)
 TF_OPERAND_GROUP(CacheOperands, TF_CACHE_OPERANDS);
 
 // A dense layer stored 'q8' (layers.KernelDense): packed W, its output
@@ -136,8 +146,7 @@ struct Q8Dense {
 // Dense(n -> d_model): x [T, d] -> y [T, d], c' at c_out. The dense
 // layers: down and up (packed W) with their scales and biases (Q8Dense).
 #define TF_SRU_OPERANDS(X)             \
-  X(norm_scale, ffi::Buffer<ffi::F32>) \
-  X(norm_bias, ffi::Buffer<ffi::F32>)  \
+  TF_NORM_OPERANDS(X)                  \
   X(down, ffi::Buffer<ffi::S8>)        \
   X(down_scale, ffi::Buffer<ffi::F32>) \
   X(down_bias, ffi::Buffer<ffi::F32>)  \
@@ -160,12 +169,7 @@ TF_OPERAND_GROUP(SruOperands, TF_SRU_OPERANDS);
 // the encoder's keys [B, H, D, L] and values [B, H, L, D], its mask [B, L]
 // (float, 0: padding), the norm's scale and bias.
 #define TF_SPARSE_Q_OPERANDS(X)    \
-  X(d, ffi::Buffer<ffi::S8>)        \
-  X(d_scale, ffi::Buffer<ffi::F32>) \
-  X(e, ffi::Buffer<ffi::S8>)        \
-  X(e_scale, ffi::Buffer<ffi::F32>) \
-  X(e_bias, ffi::Buffer<ffi::F32>)  \
-  X(kept, ffi::Buffer<ffi::F32>)    \
+  TF_MULTIPLICATIVE_OPERANDS(X)     \
   X(q, ffi::Buffer<ffi::S8>)        \
   X(q_scale, ffi::Buffer<ffi::F32>) \
   X(q_bias, ffi::Buffer<ffi::F32>)
@@ -175,8 +179,7 @@ TF_OPERAND_GROUP(SparseQOperands, TF_SPARSE_Q_OPERANDS);
   X(keys_t, ffi::Buffer<ffi::F32>)     \
   X(values, ffi::Buffer<ffi::F32>)     \
   X(mask, ffi::Buffer<ffi::F32>)       \
-  X(norm_scale, ffi::Buffer<ffi::F32>) \
-  X(norm_bias, ffi::Buffer<ffi::F32>)
+  TF_NORM_OPERANDS(X)
 TF_OPERAND_GROUP(EncoderOperands, TF_ENCODER_OPERANDS);
 
 // A kernel's operands or its results in binding order: each a name (a

@@ -30,19 +30,21 @@ SPARSE_FF = (('c1', 'f32'), ('c2', 'any'), ('c2_scale', 'f32'), ('c', 'f32'),
              ('w1t', 'any'), ('w2', 'any'), ('b2', 'f32'), ('s1', 'f32'),
              ('s2', 'f32')) + NORM
 # Sparse QKV's multiplicative layer (D int8 [S, d] and its row scales, E
-# packed with its scales and bias), its kept inputs, the Q/K kernels and the
-# V kernel packed with their scales and biases.
-SPARSE_QKV = (('d', 's8'), ('d_scale', 'f32'), ('e', 's8'), ('e_scale', 'f32'),
-              ('e_bias', 'f32'), ('kept', 'f32'), ('qk', 's8'),
-              ('qk_scale', 'f32'), ('qk_bias', 'f32'), ('v', 's8'),
-              ('v_scale', 'f32'), ('v_bias', 'f32'))
+# packed with its scales and bias) and its kept inputs.
+MULTIPLICATIVE = (('d', 's8'), ('d_scale', 'f32'), ('e', 's8'),
+                  ('e_scale', 'f32'), ('e_bias', 'f32'), ('kept', 'f32'))
+# Sparse QKV: that, the Q/K kernels and the V kernel packed with their
+# scales and biases.
+SPARSE_QKV = MULTIPLICATIVE + (('qk', 's8'), ('qk_scale', 'f32'),
+                               ('qk_bias', 'f32'), ('v', 's8'),
+                               ('v_scale', 'f32'), ('v_bias', 'f32'))
 # A causal attention's key/value caches, valid keys, position; the
 # LayerNorm before it.
 CACHE = (('keys', 'f32'), ('values', 'f32'), ('valid', 'pred'),
          ('idx', 's32')) + NORM
-# A cross-attention's sparse queries: sparse QKV's multiplicative layer and
-# kept inputs, the Q kernel packed with its scales and bias.
-SPARSE_Q = SPARSE_QKV[:6] + (('q', 's8'), ('q_scale', 'f32'),
+# A cross-attention's sparse queries: the multiplicative layer and kept
+# inputs, the Q kernel packed with its scales and bias.
+SPARSE_Q = MULTIPLICATIVE + (('q', 's8'), ('q_scale', 'f32'),
                              ('q_bias', 'f32'))
 # The encoder's keys (transposed), values and padding mask; the LayerNorm
 # before the cross-attention.
