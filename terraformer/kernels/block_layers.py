@@ -18,60 +18,48 @@ would not run its own call (a prompt, other storages, a missing library).
 import jax.numpy as jnp
 from trax import layers as tl
 from trax.layers import combinators as trax_combinators
-from trax.layers import normalization as trax_normalization
 
 from terraformer import kernels
+from terraformer.kernels import compositions
 from terraformer.kernels.layers import is_q8
-from terraformer.kernels.layers import is_sparse_qkv_attention
 from terraformer.kernels.layers import KernelDense
 from terraformer.kernels.layers import KernelMixin
 from terraformer.kernels.layers import KernelSparseFF
 from terraformer.kernels.layers import KernelSparseQKV
 from terraformer.kernels.layers import KernelSparseQKVAttention
+from terraformer.layers import composites
 from terraformer.layers import reversible as rev
 from terraformer.layers.cross_attention import CrossAttention
 from terraformer.layers.low_rank_sru import ACTIVATIONS as SRU_ACTIVATIONS
-from terraformer.layers.low_rank_sru import SRU
-from terraformer.layers.lsh_attention import PerExamplePrefill
 from terraformer.layers.sparse_ff import SparseFF
 
 
-def _norm_of(layer):
-  """The `tl.LayerNorm` (centred) that `layer` is, or that a Parallel
-  (LayerNorm, no-op) applies to its first input (the Terraformer's, beside
-  the encoder lengths); None for other layers."""
-  if isinstance(layer, trax_combinators.Parallel):
-    subs = layer.sublayers
-    if len(subs) != 2 or subs[1].sublayers or subs[1].n_in != 1:
-      return None
-    layer = subs[0]
-  if isinstance(layer, trax_normalization.LayerNorm) and layer._center:  # pylint: disable=protected-access
-    return layer
-  return None
+def _centred_norm(layer):
+  """The centred `tl.LayerNorm` of a norm branch's norm layer (itself, or
+  beside the lengths); None for another."""
+  norm = compositions.layer_norm(layer)
+  return norm if norm is not None and norm._center else None  # pylint: disable=protected-access
 
 
 def _is_predict_dropout(layer):
   return isinstance(layer, tl.Dropout) and layer._mode != 'train'  # pylint: disable=protected-access
 
 
-def norm_block_parts(layer):
-  """(index of the LayerNorm, index of the kernel layer) of a block's
-  residual branch [Select[0]], LayerNorm, sparse FF or sparse QKV
-  attention, Dropout: a Serial; None for other layers."""
-  if type(layer) not in (trax_combinators.Serial, KernelNormSerial):  # pylint: disable=unidiomatic-typecheck
-    return None
-  subs = list(layer.sublayers)
-  i = 0
-  if subs and subs[0].name == 'Select[0]' and subs[0].n_out == 1:
-    i = 1
-  if len(subs) != i + 3 or _norm_of(subs[i]) is None:
-    return None
-  kernel = subs[i + 1]
-  fits = (isinstance(kernel, KernelSparseQKVAttention)
-          or is_sparse_qkv_attention(kernel)
-          or (isinstance(kernel, SparseFF)
-              and getattr(kernel, '_mode', None) == 'predict'))
-  return (i, i + 1) if fits and _is_predict_dropout(subs[i + 2]) else None
+def runs_as_one_call(norm_branch):
+  """Whether a NORM_BRANCH (`compositions.norm_branch`) can run as its
+  f's one call with the LayerNorm in it (`KernelNormSerial`): a centred
+  LayerNorm, Dropout the identity (predict mode), f a predict-mode sparse
+  QKV causal attention or SparseFF."""
+  i_norm, i_f = compositions.norm_branch(norm_branch)
+  subs = norm_branch.sublayers
+  f = subs[i_f]
+  if composites.name_of(f) == composites.SPARSE_QKV_CAUSAL_ATTENTION:
+    i_attention = compositions.sparse_qkv_causal_attention(f)[3]
+    fits = getattr(f.sublayers[i_attention], '_mode', None) == 'predict'
+  else:
+    fits = isinstance(f, SparseFF) and getattr(f, '_mode', None) == 'predict'
+  return (fits and _centred_norm(subs[i_norm]) is not None
+          and _is_predict_dropout(subs[i_f + 1]))
 
 
 class KernelNormSerial(KernelMixin, trax_combinators.Serial):
@@ -91,8 +79,8 @@ class KernelNormSerial(KernelMixin, trax_combinators.Serial):
     the function of the call's outputs after y that gives the new state)
     for the step of x with `weights` and `state`; None where the kernel
     layer does not run its call."""
-    i_norm, i_kernel = norm_block_parts(self)
-    norm = _norm_of(self.sublayers[i_norm])
+    i_norm, i_kernel = compositions.norm_branch(self)
+    norm = _centred_norm(self.sublayers[i_norm])
     w_norm = weights[i_norm]
     if isinstance(self.sublayers[i_norm], trax_combinators.Parallel):
       w_norm = w_norm[0]
@@ -162,51 +150,31 @@ def _with(tree, path, value):
 
 
 def _feed_forward_parts(f):
-  """The parts of a Terraformer decoder's feed-forward residual f,
-  Serial[Branch(sparse FF branch, SRU path), Add] with the SRU path
-  Serial[Parallel(LayerNorm, no-op), PerExamplePrefill(LowRankSRU)]
-  (models/common.py's feed_forward_block): (the KernelNormSerial, the SRU
-  path's LayerNorm, Dense(d_sru), SRU, Dense(d_model)); None for other
-  layers."""
-  subs = f.sublayers
-  if (type(f) is not trax_combinators.Serial or len(subs) != 2  # pylint: disable=unidiomatic-typecheck
-      or subs[1].name != 'Add' or len(subs[0].sublayers) != 2
-      or not isinstance(subs[0].sublayers[1], trax_combinators.Parallel)):
+  """The parts of a Terraformer decoder's SRU_FEED_FORWARD f
+  (`compositions.sru_feed_forward`: its sparse FF's KernelNormSerial, the
+  SRU path's LayerNorm, Dense(d_sru), SRU, Dense(d_model)) when each runs
+  its kernel; None for another f."""
+  if composites.name_of(f) != composites.SRU_FEED_FORWARD:
     return None
-  branches = subs[0].sublayers[1].sublayers
-  if (len(branches) != 2 or not isinstance(branches[0], KernelNormSerial)
-      or not isinstance(_kernel_of(branches[0]), SparseFF)):
-    return None
-  sru_path = branches[1].sublayers
-  if (len(sru_path) != 2 or _norm_of(sru_path[0]) is None
-      or not isinstance(sru_path[1], PerExamplePrefill)):
-    return None
-  low_rank = sru_path[1].sublayers[0].sublayers
-  if (len(low_rank) != 3 or not isinstance(low_rank[0], KernelDense)
-      or not isinstance(low_rank[1], SRU)
-      or not isinstance(low_rank[2], KernelDense)):
-    return None
-  norm = sru_path[0]
-  norm = norm.sublayers[0] if isinstance(norm, trax_combinators.Parallel) else norm
-  return branches[0], norm, low_rank[0], low_rank[1], low_rank[2]
+  parts = compositions.sru_feed_forward(f)
+  ff_branch, _, down, _, up = parts
+  if (isinstance(ff_branch, KernelNormSerial)
+      and isinstance(_kernel_of(ff_branch), SparseFF)
+      and isinstance(down, KernelDense) and isinstance(up, KernelDense)):
+    return parts
+  return None
 
 
 def _kernel_of(norm_serial):
-  return norm_serial.sublayers[norm_block_parts(norm_serial)[1]]
+  return norm_serial.sublayers[compositions.norm_branch(norm_serial)[1]]
 
 
 def _is_decoder_block(layers):
-  """Six layers of a reversible stack that make a Terraformer decoder block
-  (`models.terraformer._DecoderBlock`): half-residuals of two sparse QKV
-  attentions and of the feed-forward with its SRU, each then a swap."""
-  if len(layers) != 6:
-    return False
-  halves, swaps = layers[0::2], layers[1::2]
-  if not (all(isinstance(h, rev.HalfResidual) for h in halves)
-          and all(isinstance(w, tl.ReversibleSelect)
-                  and w.name == 'ReversibleSwap' for w in swaps)):
-    return False
-  a, b, f = (h.sublayers[0] for h in halves)
+  """Whether the six layers of a Terraformer decoder block
+  (`compositions.terraformer_decoder`) run as one call: half-residuals of
+  two sparse QKV attentions' KernelNormSerials and of the feed-forward
+  with its SRU, each part running its kernel."""
+  a, b, f = (h.sublayers[0] for h in layers[0::2])
   return (all(isinstance(n, KernelNormSerial)
               and isinstance(_kernel_of(n), KernelSparseQKVAttention)
               for n in (a, b))
@@ -277,9 +245,8 @@ class KernelReversibleSerial(KernelMixin, rev.ReversibleSerial):
     subs = self.sublayers
     x1, x2, *rest = xs
     fusable = (self._tf_use_ffi and kernels.has_kernel('tf_terraformer_block')
-               and subs and len(subs) % 6 == 0
-               and all(_is_decoder_block(subs[i:i + 6])
-                       for i in range(0, len(subs), 6)))
+               and all(_is_decoder_block(block)
+                       for block in compositions.terraformer_decoder(self)))
     blocks = []
     if fusable:
       for i in range(0, len(subs), 6):
@@ -301,44 +268,30 @@ class KernelReversibleSerial(KernelMixin, rev.ReversibleSerial):
 
 
 def _residual_branch(layer):
-  """The branch f of `tl.Residual(f)` (Serial[Branch(Select, Parallel(
-  shortcut, f)), Add] with the identity shortcut); None for other
+  """The branch f of a RESIDUAL (`compositions.residual`); None for other
   layers."""
-  subs = layer.sublayers
-  if (type(layer) is not trax_combinators.Serial or len(subs) != 2  # pylint: disable=unidiomatic-typecheck
-      or subs[1].name != 'Add' or subs[0].name != 'Branch'
-      or len(subs[0].sublayers) != 2):
+  if composites.name_of(layer) != composites.RESIDUAL:
     return None
-  parallel = subs[0].sublayers[1]
-  if (not isinstance(parallel, trax_combinators.Parallel)
-      or len(parallel.sublayers) != 2 or parallel.sublayers[0].sublayers
-      or parallel.sublayers[0].n_in != 1):
-    return None
-  return parallel.sublayers[1]
+  return compositions.residual(layer)
 
 
 def _cross_attention_parts(f):
-  """The parts of a sparse-query cross-attention branch f,
-  Serial[LayerNorm, Select[0,2,1,2], Serial[Parallel(SparseQKV (queries
-  only), tl.Cache(keys, values)), CrossAttention], Dropout]
-  (models/common.py's cross_attention): (the LayerNorm, the queries'
-  KernelSparseQKV, the CrossAttention); None for other layers."""
-  subs = f.sublayers
-  if (type(f) is not trax_combinators.Serial or len(subs) != 4  # pylint: disable=unidiomatic-typecheck
-      or _norm_of(subs[0]) is not subs[0] or subs[1].name != 'Select[0,2,1,2]'
-      or not _is_predict_dropout(subs[3])
-      or type(subs[2]) is not trax_combinators.Serial  # pylint: disable=unidiomatic-typecheck
-      or len(subs[2].sublayers) != 2):
+  """(the LayerNorm, the queries' KernelSparseQKV, the CrossAttention) of a
+  CROSS_ATTENTION_BRANCH f whose cross-attention has sparse queries and
+  runs in predict mode, its LayerNorm centred; None for another f."""
+  if composites.name_of(f) != composites.CROSS_ATTENTION_BRANCH:
     return None
-  heads, attention = subs[2].sublayers
-  if (not isinstance(heads, trax_combinators.Parallel)
-      or len(heads.sublayers) != 2
-      or not isinstance(heads.sublayers[0], KernelSparseQKV)
-      or not isinstance(heads.sublayers[1], trax_combinators.Cache)
-      or not isinstance(attention, CrossAttention)
-      or attention._mode != 'predict'):  # pylint: disable=protected-access
+  norm, cross = compositions.cross_attention_branch(f)
+  if (composites.name_of(cross)
+      != composites.SPARSE_QUERY_CROSS_ATTENTION):
     return None
-  return subs[0], heads.sublayers[0], attention
+  queries, attention = compositions.sparse_query_cross_attention(cross)
+  if (isinstance(queries, KernelSparseQKV)
+      and isinstance(attention, CrossAttention)
+      and attention._mode == 'predict'  # pylint: disable=protected-access
+      and _centred_norm(norm) is not None):
+    return norm, queries, attention
+  return None
 
 
 def _block_kind(layer):

@@ -4,19 +4,24 @@
 `layers` and `block_layers` list into their kernel-backed subclasses (their
 weights, names and every other behaviour stay the same; only the
 predict-mode forward changes); the gin switches below leave some out.
+Single layers are found by their type; compositions (sparse QKV, its
+attention, a block's residual branches, the Terraformer's decoder stack,
+the residuals of a Scaling Transformer's blocks) by the marks their
+builders set (`terraformer.layers.composites`), each marked layer checked
+first: one whose sublayers are not the composition its mark names stops
+the install with `compositions.UnknownComposition`, naming it.
 Training never sees these classes: only predict-mode models are installed.
 """
 import gin
 from trax.layers import combinators as trax_combinators
 from trax.layers import core as trax_core
 
+from terraformer.kernels import compositions
 from terraformer.kernels.block_layers import KernelNormSerial
 from terraformer.kernels.block_layers import KernelReversibleSerial
 from terraformer.kernels.block_layers import KernelScalingBlocks
-from terraformer.kernels.block_layers import norm_block_parts
+from terraformer.kernels.block_layers import runs_as_one_call
 from terraformer.kernels.block_layers import scaling_block_starts
-from terraformer.kernels.layers import is_sparse_qkv
-from terraformer.kernels.layers import is_sparse_qkv_attention
 from terraformer.kernels.layers import KernelCausalDotProductAttention
 from terraformer.kernels.layers import KernelDense
 from terraformer.kernels.layers import KernelMixin
@@ -26,7 +31,7 @@ from terraformer.kernels.layers import KernelPrefixCausalAttention
 from terraformer.kernels.layers import KernelSparseFF
 from terraformer.kernels.layers import KernelSparseQKV
 from terraformer.kernels.layers import KernelSparseQKVAttention
-from terraformer.layers import reversible as rev
+from terraformer.layers import composites
 from terraformer.layers.lsh_attention import CausalDotProductAttention
 from terraformer.layers.multiplicative_dense import MultiplicativeDense
 from terraformer.layers.prefix_attention import PrefixCausalAttention
@@ -72,18 +77,33 @@ _ATTENTION_KERNEL_CLASSES = {
     CausalDotProductAttention: KernelCausalDotProductAttention}
 
 
+def _predict(layer):
+  return getattr(layer, '_mode', None) == 'predict'
+
+
+def _composite_class(layer, attention, block):
+  """The kernel class of a marked layer (None: it stays), its composition
+  checked (`compositions.parts`)."""
+  name = composites.name_of(layer)
+  parts = compositions.parts(layer)
+  if name == composites.SPARSE_QKV:
+    return KernelSparseQKV if _predict(parts[1]) else None
+  if name == composites.SPARSE_QKV_CAUSAL_ATTENTION:
+    fits = attention and _predict(layer.sublayers[parts[3]])
+    return KernelSparseQKVAttention if fits else None
+  if name == composites.NORM_BRANCH:
+    return KernelNormSerial if runs_as_one_call(layer) else None
+  if name == composites.TERRAFORMER_DECODER:
+    return KernelReversibleSerial if block else None
+  return None  # Read by the classes above (block_layers).
+
+
 def _kernel_class(layer, attention, block=True):
   if isinstance(layer, KernelMixin):
     return type(layer)
-  if is_sparse_qkv(layer):
-    return KernelSparseQKV
-  if attention and is_sparse_qkv_attention(layer):
-    return KernelSparseQKVAttention
-  if norm_block_parts(layer) is not None:
-    return KernelNormSerial
-  if block and type(layer) is rev.ReversibleSerial and layer.sublayers:  # pylint: disable=unidiomatic-typecheck
-    return KernelReversibleSerial
-  if getattr(layer, '_mode', None) == 'predict':
+  if composites.name_of(layer) is not None:
+    return _composite_class(layer, attention, block)
+  if _predict(layer):
     if type(layer) in _PREDICT_KERNEL_CLASSES:
       return _PREDICT_KERNEL_CLASSES[type(layer)]
     if attention and type(layer) in _ATTENTION_KERNEL_CLASSES:
@@ -101,7 +121,8 @@ def install(model, use_ffi=True, attention=None, block=None):
   attention layers; `block` (default: the gin switches
   `terraformer_block_kernel` and `scaling_block_kernel`) the reversible
   stacks and the Serials holding Scaling Transformer decoder blocks, whose
-  blocks then run as one call each.
+  blocks then run as one call each. Every marked composition is checked
+  first (`check`): an unknown one changes nothing.
   """
   count = 0
   if attention is None:
@@ -118,12 +139,22 @@ def install(model, use_ffi=True, attention=None, block=None):
       count += 1
     for sub in layer.sublayers:
       walk(sub)
-    # After its sublayers: the blocks are found by their kernel classes.
+    # After its sublayers: the blocks are found by their marked residuals'
+    # kernel classes.
     if (scaling_blocks and type(layer) is trax_combinators.Serial  # pylint: disable=unidiomatic-typecheck
         and scaling_block_starts(layer.sublayers)):
       layer.__class__ = KernelScalingBlocks
       layer._tf_use_ffi = use_ffi  # pylint: disable=protected-access
       count += 1
 
+  check(model)
   walk(model)
   return count
+
+
+def check(model):
+  """Checks every marked layer of `model` (`compositions.parts`): raises
+  `compositions.UnknownComposition` for one that is not its composition."""
+  compositions.parts(model)
+  for sub in model.sublayers:
+    check(sub)

@@ -62,8 +62,8 @@ from trax.layers import combinators as trax_combinators
 from trax.layers import core as trax_core
 
 from terraformer import kernels
+from terraformer.kernels import compositions
 from terraformer.layers.lsh_attention import CausalDotProductAttention
-from terraformer.layers.lsh_attention import PerExamplePrefill
 from terraformer.layers.multiplicative_dense import MultiplicativeDense
 from terraformer.layers.prefix_attention import PrefixCausalAttention
 from terraformer.layers.sparse_ff import SparseFF
@@ -493,49 +493,6 @@ class KernelSparseQKV(KernelMixin, trax_combinators.Serial):
     return tuple(y.astype(x.dtype) for y in qkv)
 
 
-def is_sparse_qkv(layer):
-  """A predict-mode `SparseQKV`: Serial(MultiplicativeDense, ModuleConv)."""
-  subs = layer.sublayers
-  return (type(layer) is trax_combinators.Serial and len(subs) == 2  # pylint: disable=unidiomatic-typecheck
-          and isinstance(subs[0], MultiplicativeDense)
-          and isinstance(subs[1], ModuleConv)
-          and getattr(subs[1], '_mode', None) == 'predict')
-
-
-def _sparse_qkv_of(layer):
-  """`layer`'s SparseQKV Serial: itself, or the one a PerExamplePrefill
-  wraps (a Terraformer decoder's); None for other layers."""
-  if isinstance(layer, PerExamplePrefill):
-    layer = layer.sublayers[0]
-  return layer if (is_sparse_qkv(layer) or isinstance(
-      layer, KernelSparseQKV)) else None
-
-
-def is_sparse_qkv_attention(layer):
-  """A decoder's predict-mode sparse QKV attention: a Serial of SparseQKV
-  (under a PerExamplePrefill after a Select, in a Terraformer), the heads
-  split, causal attention over a cache (PrefixCausalAttention or
-  CausalDotProductAttention) and the heads merged."""
-  if type(layer) is not trax_combinators.Serial:  # pylint: disable=unidiomatic-typecheck
-    return False
-  subs = list(layer.sublayers)
-  subs = subs[1:] if subs and subs[0].name.startswith('Select') else subs
-  return (len(subs) == 4 and _sparse_qkv_of(subs[0]) is not None
-          and isinstance(subs[1], trax_combinators.Parallel)
-          and len(subs[1].sublayers) == 3
-          and all(_is_fn(s, 'SplitIntoHeads') for s in subs[1].sublayers)
-          and isinstance(subs[2], (PrefixCausalAttention,
-                                   CausalDotProductAttention))
-          and getattr(subs[2], '_mode', None) == 'predict'
-          and _is_fn(subs[3], 'MergeHeads'))
-
-
-def _is_fn(layer, name):
-  """`layer` is Trax's function layer `name` (tl.SplitIntoHeads and
-  tl.MergeHeads are a Serial around their `tl.Fn`)."""
-  return layer.name == name or any(s.name == name for s in layer.sublayers)
-
-
 class KernelSparseQKVAttention(KernelMixin, trax_combinators.Serial):
   """A decoder's sparse QKV attention (SparseQKV, heads split, causal
   attention over a key/value cache, heads merged) whose decoding step, with
@@ -553,12 +510,11 @@ class KernelSparseQKVAttention(KernelMixin, trax_combinators.Serial):
     the function of its (keys', values', kept') that gives the new state;
     None where the call cannot run. (The other inputs, the Terraformer's
     lengths, are not read by a step.)"""
-    i = 1 if self.sublayers[0].name.startswith('Select') else 0
-    wrapped = isinstance(self.sublayers[i], PerExamplePrefill)
-    qkv, attention = _sparse_qkv_of(self.sublayers[i]), self.sublayers[i + 2]
+    i, qkv, wrapped, i_att = compositions.sparse_qkv_causal_attention(self)
+    attention = self.sublayers[i_att]
     unwrap = (lambda t: t[0]) if wrapped else (lambda t: t)
     w_qkv, s_qkv = unwrap(weights[i]), unwrap(state[i])
-    s_att = state[i + 2]
+    s_att = state[i_att]
     if not (self._tf_use_ffi
             and kernels.has_kernel('tf_sparse_qkv_attention')
             and isinstance(qkv, KernelSparseQKV)
@@ -576,7 +532,7 @@ class KernelSparseQKVAttention(KernelMixin, trax_combinators.Serial):
       s = list(state)
       s_new = (s_qkv[0], kept.astype(s_qkv[1].dtype))
       s[i] = (s_new,) if wrapped else s_new
-      s[i + 2] = (ks, vs, *valid, idx + 1)
+      s[i_att] = (ks, vs, *valid, idx + 1)
       return tuple(s)
 
     return arguments, new_state

@@ -30,6 +30,7 @@ same checkpoint. Causal (decoder) attention reads (x, lengths), bidirectional
 from trax import layers as tl
 
 from terraformer.errors import TerraformerError
+from terraformer.layers import composites
 from terraformer.layers.blockwise_attention import BlockwiseAttentionCore
 from terraformer.layers.composite_slice_attention import check_dense_qkv
 from terraformer.layers.composite_slice_attention import CompositeSliceAttention
@@ -150,8 +151,11 @@ def SelfAttention(d_model, n_heads, attention_type='full',
         tl.PureAttention(n_heads=heads, dropout=dropout, mode=mode),
         tl.Select([0], n_in=2),
     ]
-  return tl.Serial(projections, core, output,
-                   name=f'{attention_type.upper()}SelfAttention')
+  attention = tl.Serial(projections, core, output,
+                        name=f'{attention_type.upper()}SelfAttention')
+  if causal and attention_sparsity and attention_type == 'full':
+    composites.mark(attention, composites.SPARSE_QKV_CAUSAL_ATTENTION)
+  return attention
 
 
 def TransformerSelfAttention(d_model, n_heads, attention_type='full',
@@ -198,7 +202,7 @@ def TransformerSelfAttention(d_model, n_heads, attention_type='full',
       return tl.ConfigurableAttention(
           tl.Dense(d_model), tl.Dense(d_model), tl.Dense(d_model),
           tl.Dense(d_model), core, n_heads=n_heads)
-    return tl.Serial(
+    return composites.mark(tl.Serial(
         SparseQKV(d_model, attention_sparsity, attention_kernel_size, 3,
                   causal=True, mode=mode,
                   module_kernel_size=attention_module_kernel_size),
@@ -206,7 +210,7 @@ def TransformerSelfAttention(d_model, n_heads, attention_type='full',
                     tl.SplitIntoHeads(n_heads)),
         core,
         tl.MergeHeads(n_heads),
-    )
+    ), composites.SPARSE_QKV_CAUSAL_ATTENTION)
   if attention_type != 'full':                   # x mask
     return OnFlatMask(SelfAttention(
         d_model, n_heads, attention_type, attention_sparsity, causal=False,

@@ -6,6 +6,7 @@ from trax import fastmath
 from trax import layers as tl
 from trax.layers import initializers as init
 
+from terraformer.layers import composites
 from terraformer.layers.multiplicative_dense import MultiplicativeDense
 from terraformer.layers.prefix_attention import PrefixCausalAttention
 
@@ -126,11 +127,11 @@ def SparseQKV(d_model, n_modules, kernel_size=3, n_outputs=3, causal=True,
       qk, qk, value_module_kernel_size)
   if length_padding is None:
     length_padding = 'causal' if causal else 'centred'
-  return tl.Serial(
+  return composites.mark(tl.Serial(
       MultiplicativeDense(n_modules, d_module, use_bias=True),
       ModuleConv(n_modules, d_module, kernel_size, module_kernel_sizes,
                  length_padding, mode),
-  )
+  ), composites.SPARSE_QKV)
 
 
 @gin.configurable(module='terraformer')
@@ -145,14 +146,14 @@ def SparseQKVCausalAttention(d_model, n_modules=16, kernel_size=3,
   n_heads=S, sparsity=S, length_kernel_size=F)` (default options) for F = 3,
   weight for weight in the same order.
   """
-  return tl.Serial(
+  return composites.mark(tl.Serial(
       SparseQKV(d_model, n_modules, kernel_size, 3, causal=True, mode=mode),
       tl.Parallel(tl.SplitIntoHeads(n_modules), tl.SplitIntoHeads(n_modules),
                   tl.SplitIntoHeads(n_modules)),
       PrefixCausalAttention(dropout=dropout, max_inference_length=max_len,
                             mode=mode),
       tl.MergeHeads(n_modules),
-  )
+  ), composites.SPARSE_QKV_CAUSAL_ATTENTION)
 
 
 @gin.configurable(module='terraformer')

@@ -4,6 +4,7 @@ import dataclasses
 from trax import layers as tl
 
 from terraformer.errors import TerraformerError
+from terraformer.layers import composites
 from terraformer.layers import reversible as rev
 from terraformer.layers.attention import SelfAttention
 from terraformer.layers.attention import TransformerSelfAttention
@@ -68,11 +69,20 @@ class Sublayers:
       raise TerraformerError(f'local_conv_len must be an integer >= 0, got '
                              f'{self.local_conv_len!r}')
 
-  def residual(self, *layers):
-    """x -> x + layers(x): `tl.Residual`, or the reversible half-residual."""
+  def residual(self, *layers, branch=None):
+    """x -> x + layers(x): `tl.Residual`, or the reversible half-residual;
+    its branch f (the Serial of `layers`) marked as the composition `branch`
+    (`layers.composites`) when given, a tl.Residual as RESIDUAL."""
     if self.layout == 'terraformer':
-      return rev.HalfResidual(*layers, reversible=self.reversible)
-    return tl.Residual(*layers)
+      half = rev.HalfResidual(*layers, reversible=self.reversible)
+      if branch:
+        composites.mark(half.sublayers[0], branch)
+      return half
+    f = tl.Serial(*layers)  # What tl.Residual(*layers) makes of them.
+    f = f.sublayers[0] if len(f.sublayers) == 1 else f
+    if branch:
+      composites.mark(f, branch)
+    return composites.mark(tl.Residual(f), composites.RESIDUAL)
 
   def dropout_layer(self):
     return tl.Dropout(rate=self.dropout, mode=self.mode)
@@ -94,7 +104,7 @@ class Sublayers:
     norm = (tl.Parallel(tl.LayerNorm(), []) if self.layout == 'terraformer'
             else tl.LayerNorm())
     return self.residual(norm, self.attention_layer(index),
-                         self.dropout_layer())
+                         self.dropout_layer(), branch=composites.NORM_BRANCH)
 
   def feed_forward(self):
     """x -> y: SparseFF (§3.1) or Dense, ReLU, Dense with dropout."""
@@ -120,15 +130,19 @@ class Sublayers:
     """
     ff_path = [tl.LayerNorm(), self.feed_forward(), self.dropout_layer()]
     if not self.d_sru:
-      return self.residual(*ff_path)
+      return self.residual(*ff_path, branch=composites.NORM_BRANCH)
     sru = LowRankSRU(self.d_model, self.d_sru, mode=self.mode)
     if self.causal:                              # x len_e
+      ff_branch = composites.mark(tl.Serial(tl.Select([0], n_in=2), *ff_path),
+                                  composites.NORM_BRANCH)
       return self.residual(
-          tl.Branch([tl.Select([0], n_in=2)] + ff_path,
+          tl.Branch(ff_branch,
                     [tl.Parallel(tl.LayerNorm(), []),
                      PerExamplePrefill(sru, self.mode)]),
-          tl.Add())
-    return self.residual(tl.Branch(ff_path, [tl.LayerNorm(), sru]), tl.Add())
+          tl.Add(), branch=composites.SRU_FEED_FORWARD)
+    ff_branch = composites.mark(tl.Serial(*ff_path), composites.NORM_BRANCH)
+    return self.residual(tl.Branch(ff_branch, [tl.LayerNorm(), sru]),
+                         tl.Add())
 
   def local_conv_block(self):
     """[] or x + Dropout(LocalConv(LayerNorm(x))) (a mask passes under)."""
@@ -137,6 +151,15 @@ class Sublayers:
     return self.residual(tl.LayerNorm(),
                          LocalConv(self.d_model, self.local_conv_len,
                                    self.mode), self.dropout_layer())
+
+  def cross_attention_block(self):
+    """(x_dec, mask, x_enc) -> (x_dec + Dropout(cross_attention(LayerNorm(
+    x_dec), x_enc, mask)), mask, x_enc)."""
+    return self.residual(tl.LayerNorm(),
+                         tl.Select([0, 2, 1, 2]),  # vec_d vec_e mask vec_e
+                         self.cross_attention(),   # y mask vec_e
+                         self.dropout_layer(),
+                         branch=composites.CROSS_ATTENTION_BRANCH)
 
   def cross_attention(self):
     """(x_dec, x_enc, mask) -> (y, mask).
@@ -159,12 +182,15 @@ class Sublayers:
       queries, output = tl.Dense(self.d_model), tl.Dense(self.d_model)
     keys_values = CachedInPredict(
         tl.Branch(tl.Dense(self.d_model), tl.Dense(self.d_model)), self.mode)
-    return tl.Serial(
+    attention = tl.Serial(
         tl.Parallel(queries, keys_values),       # q k v mask
         EncoderDecoderAttention(n_heads=self.n_heads, dropout=self.dropout,
                                 mode=self.mode),  # y mask
         output,
     )
+    if self.cross_attention_sparsity:
+      composites.mark(attention, composites.SPARSE_QUERY_CROSS_ATTENTION)
+    return attention
 
 
 def Embedder(embedding, positions, *, dropout, mode, dropout_shared_axes=None):

@@ -300,9 +300,6 @@ def _EncoderDecoderBlock(s):                     # vec_d mask_ed vec_e
   return [
       s.local_conv_block(),
       s.attention_block(),
-      s.residual(tl.LayerNorm(),
-                 tl.Select([0, 2, 1, 2]),        # vec_d vec_e mask_ed vec_e
-                 s.cross_attention(),            # y mask_ed vec_e
-                 s.dropout_layer()),
+      s.cross_attention_block(),                 # vec_d mask_ed vec_e
       s.feed_forward_block(),
   ]

@@ -69,6 +69,7 @@ from trax import fastmath
 from trax import layers as tl
 from trax.layers import initializers as init
 
+from terraformer.layers import composites
 from terraformer.layers import reversible as rev
 from terraformer.layers.successive_halving_topk import LinearScorer
 from terraformer.layers.successive_halving_topk import pooling_schedule
@@ -215,6 +216,9 @@ def Terraformer(input_vocab_size=32000, output_vocab_size=None, d_model=512,
       tl.Dense(d_model) if encoder_output_dense else [],
       tl.LayerNorm(),                            # vec_e mask_e
   )
+  decoder_blocks = composites.mark(rev.ReversibleSerial(
+      [_DecoderBlock(dec, i) for i in range(n_decoder_layers)],
+      reversible=reversible), composites.TERRAFORMER_DECODER)
   return tl.Serial(                              # tok_e tok_d
       EncodeOnce(encoder, mode),                 # vec_e mask_e tok_d tok_d
       tl.Select([2, 0, 1]),                      # tok_d vec_e mask_e tok_d
@@ -223,9 +227,7 @@ def Terraformer(input_vocab_size=32000, output_vocab_size=None, d_model=512,
                dropout=dropout, mode=mode, dropout_shared_axes=[-2]),
       EncoderDecoderConcat(mode),                # vec_ed len_e tok_d
       tl.Dup(),                                  # x1 x2 len_e tok_d
-      rev.ReversibleSerial(
-          [_DecoderBlock(dec, i) for i in range(n_decoder_layers)],
-          reversible=reversible),                # x1 x2 len_e tok_d
+      decoder_blocks,                            # x1 x2 len_e tok_d
       _StreamMean(),                             # vec_ed len_e tok_d
       tl.LayerNorm(),
       DecoderPositions(mode),                    # vec_d tok_d

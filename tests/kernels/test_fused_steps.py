@@ -29,6 +29,7 @@ from terraformer import kernels
 from terraformer.kernels import block_layers
 from terraformer.kernels import installer as kernel_installer
 from terraformer.kernels import layers as kernel_layers
+from terraformer.layers import composites
 from terraformer.layers import reversible as rev
 from terraformer.layers.attention import SelfAttention
 from terraformer.layers.attention import TransformerSelfAttention
@@ -600,7 +601,9 @@ def test_layer_norm_runs_inside_the_next_kernel_call(gemv_isa, kind,
   else:
     inner = [tl.Select([0], n_in=2), tl.LayerNorm(),
              SparseFF(128, 8, 4, mode='predict')]
-  layer = tl.Serial(*inner, tl.Dropout(rate=0.1, mode='predict'))
+  layer = composites.mark(tl.Serial(*inner, tl.Dropout(rate=0.1,
+                                                       mode='predict')),
+                          composites.NORM_BRANCH)
   x = (jax.random.normal(jax.random.PRNGKey(1), (1, 3, d_model)) * 3 + 1,
        jnp.array([2]))
   weights, state = layer.init(shapes.signature(x), rng=jax.random.PRNGKey(0))
