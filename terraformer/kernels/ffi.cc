@@ -300,30 +300,26 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(tf_sparse_ff, SparseFFImpl,
                                   .Attr<int64_t>("block")
                                   .Attr<float>("epsilon"));
 
-XLA_FFI_DEFINE_HANDLER_SYMBOL(tf_sparse_qkv, SparseQKVImpl,
-                              BindFused()
-                                  .Attr<int64_t>("qk_width")
-                                  .Attr<int64_t>("v_width"));
+// That binding and sparse QKV's kernel widths, the first attributes of the
+// kernels that run sparse QKV.
+inline auto BindSparseQKV() {
+  return BindFused().Attr<int64_t>("qk_width").Attr<int64_t>("v_width");
+}
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(tf_sparse_qkv, SparseQKVImpl, BindSparseQKV());
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(tf_sparse_qkv_attention, SparseQKVAttentionImpl,
-                              BindFused()
-                                  .Attr<int64_t>("qk_width")
-                                  .Attr<int64_t>("v_width")
-                                  .Attr<float>("epsilon"));
+                              BindSparseQKV().Attr<float>("epsilon"));
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(tf_terraformer_block, TerraformerBlockImpl,
-                              BindFused()
-                                  .Attr<int64_t>("qk_width")
-                                  .Attr<int64_t>("v_width")
+                              BindSparseQKV()
                                   .Attr<int64_t>("block")
                                   .Attr<float>("epsilon")
                                   .Attr<float>("highway_scale")
                                   .Attr<bool>("use_tanh"));
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(tf_scaling_block, ScalingBlockImpl,
-                              BindFused()
-                                  .Attr<int64_t>("qk_width")
-                                  .Attr<int64_t>("v_width")
+                              BindSparseQKV()
                                   .Attr<int64_t>("q_width")
                                   .Attr<int64_t>("block")
                                   .Attr<float>("epsilon")
