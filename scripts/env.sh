@@ -23,7 +23,5 @@ fi
 echo "Setting up $venv (first run takes a few minutes)..." >&2
 [[ -x "$venv/bin/python" ]] || "$python" -m venv "$venv"
 "$venv/bin/pip" install -q --upgrade pip >&2
-# No .pyc compiled at install (Python compiles what it imports): compiling
-# every source of TensorFlow and JAX took most of the install's CPU time.
-"$venv/bin/pip" install -q --no-compile -c "$root/constraints.txt" -e "$root[test,eval]" >&2
+"$venv/bin/pip" install -q -c "$root/constraints.txt" -e "$root[test,eval]" >&2
 echo "$want" > "$stamp"
