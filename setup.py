@@ -47,6 +47,16 @@ def _kernel_files(pattern):
                           root_dir=_HERE))
 
 
+# The kernels' files compile in parallel, one compiler per core
+# (TERRAFORMER_BUILD_JOBS=N: N at a time), by pybind11's helper, a build
+# requirement (pyproject.toml); without it, one file at a time.
+try:
+  from pybind11.setup_helpers import ParallelCompile
+except ImportError:
+  ParallelCompile = None
+if ParallelCompile is not None:
+  ParallelCompile('TERRAFORMER_BUILD_JOBS').install()
+
 _kernels = [setuptools.Extension(
     'terraformer.kernels._decode_kernels',
     sources=_kernel_files('*.cc'),
