@@ -25,6 +25,13 @@ after the embeddings or after one layer is at a disadvantage (App. C.2's
 advice to pool after the first layer). Sections let a blockwise encoder
 whose blocks hold whole sections see the declaration in every block.
 
+`fixed_marker=True` makes the marker one id past the text's vocabulary,
+`vocab_size` itself, in every example (the model's vocabulary is then
+vocab_size + 1): a salient token is then known from its predecessor alone,
+one attention step, where the declared marker takes a comparison of two
+tokens; the salient token's own embedding still says nothing, so pooling
+right after the embeddings must still guess.
+
 Every section holds `n_salient / n_sections` markers, never right after its
 declaration (so position 1 of a section is text), none in a row; the text
 between them is one contiguous window of the split's concatenated bodies, in
@@ -80,8 +87,11 @@ class Layout:
     self.target_len = n_salient + 1
 
 
-def make_example(rng, text, layout, vocab_size, eos_id):
+def make_example(rng, text, layout, vocab_size, eos_id, fixed_marker=False):
   """One example from a random window of `text` (token ids).
+
+  The marker is drawn among the pieces absent from the window, or is
+  `vocab_size` with `fixed_marker`.
 
   Returns:
     (input ids [input_len], target ids [n_salient + 1], info) where info
@@ -91,12 +101,15 @@ def make_example(rng, text, layout, vocab_size, eos_id):
   n_text = layout.n_sections * layout.text_len
   start = int(rng.integers(0, len(text) - n_text + 1))
   window = np.asarray(text[start:start + n_text], np.int32)
-  absent = np.setdiff1d(np.arange(N_SPECIAL, vocab_size), window)
-  if not absent.size:
-    raise TerraformerError(
-        f'every piece of the {vocab_size}-piece vocabulary occurs in a '
-        f'{n_text}-token window: no marker left')
-  marker = int(rng.choice(absent))
+  if fixed_marker:
+    marker = vocab_size
+  else:
+    absent = np.setdiff1d(np.arange(N_SPECIAL, vocab_size), window)
+    if not absent.size:
+      raise TerraformerError(
+          f'every piece of the {vocab_size}-piece vocabulary occurs in a '
+          f'{n_text}-token window: no marker left')
+    marker = int(rng.choice(absent))
   ids = np.empty(layout.input_len, np.int32)
   salient = []
   for s in range(layout.n_sections):
@@ -159,7 +172,8 @@ def _text(split, vocab_size, vocab_path, papers_dir):
 
 
 def examples(split='train', input_len=512, n_salient=16, vocab_size=2048,
-             vocab_path=None, papers_dir=None, seed=0, declare_every=None):
+             vocab_path=None, papers_dir=None, seed=0, declare_every=None,
+             fixed_marker=False):
   """(layout, endless generator of (inputs, target, info) examples)."""
   if split not in SPLITS:
     raise TerraformerError(f'split must be one of {SPLITS}, got {split!r}')
@@ -174,7 +188,8 @@ def examples(split='train', input_len=512, n_salient=16, vocab_size=2048,
 
   def generate():
     while True:
-      yield make_example(rng, text, layout, vocab_size, vocab.eos_id)
+      yield make_example(rng, text, layout, vocab_size, vocab.eos_id,
+                         fixed_marker)
 
   return layout, generate()
 
@@ -183,7 +198,7 @@ def examples(split='train', input_len=512, n_salient=16, vocab_size=2048,
 def salient_extraction_stream(split='train', input_len=512, n_salient=16,
                               batch_size=16, vocab_size=2048,
                               vocab_path=None, papers_dir=None, seed=0,
-                              declare_every=None):
+                              declare_every=None, fixed_marker=False):
   """Returns an endless generator of salient-extraction batches.
 
   Args:
@@ -198,6 +213,8 @@ def salient_extraction_stream(split='train', input_len=512, n_salient=16,
     declare_every: section length: the marker is declared at the start of
       every section and each section holds n_salient / sections salient
       tokens; None: one section.
+    fixed_marker: the marker is `vocab_size` in every example (the model
+      then has vocab_size + 1 ids), not a piece absent from the window.
 
   Returns:
     A generator of `(inputs [B, input_len], targets [B, n_salient + 1],
@@ -208,7 +225,8 @@ def salient_extraction_stream(split='train', input_len=512, n_salient=16,
     raise TerraformerError(
         f'batch_size must be a positive integer, got {batch_size!r}')
   layout, stream = examples(split, input_len, n_salient, vocab_size,
-                            vocab_path, papers_dir, seed, declare_every)
+                            vocab_path, papers_dir, seed, declare_every,
+                            fixed_marker)
   weights = np.ones((batch_size, layout.target_len), np.float32)
 
   def batches():

@@ -79,6 +79,21 @@ def test_target_is_the_tokens_after_the_markers_in_order(
       assert _contains(train_text, np.array(text))
 
 
+def test_fixed_marker_is_one_id_past_the_vocabulary(shared_cache_dir,
+                                                   papers_dir):
+  del shared_cache_dir
+  n, m, section = 64, 4, 16
+  for inputs, targets, _ in itertools.islice(
+      _stream(papers_dir, declare_every=section, fixed_marker=True), 2):
+    salient = se.salient_positions(inputs, section)
+    for x, y, is_salient in zip(inputs, targets, salient):
+      marker, after, text = _read(x, section)
+      assert marker == V and max(text) < V
+      assert (x == V).sum() == m + n // section
+      np.testing.assert_array_equal(y, after + [1])
+      np.testing.assert_array_equal(x[is_salient], after)
+
+
 def test_recorded_positions_and_the_rule_agree(shared_cache_dir, papers_dir):
   del shared_cache_dir
   layout, stream = se.examples(input_len=48, n_salient=6, vocab_size=V,
