@@ -26,12 +26,7 @@ inherit the environment):
   ones: tests/layers/test_reversible.py and test_lsh_attention.py took 63
   CPU-s without these two, 35 s with them; tests/models/test_long_inputs.py
   115 s and 85 s. The programs compute the same functions; only fusion and
-  code generation differ. Eigen's products and convolutions run on the
-  calling thread, not split over a pool: with 3 workers and their
-  subprocesses on 2 cores, a split product waits for a pool thread that
-  another process holds the core from (tests/training/test_resume_sweep.py
-  and tests/models/test_long_inputs.py, 3 workers, cold cache: 203 s
-  without the flag, 147 s with it).
+  code generation differ.
 - XLA's CPU rendezvous waits longer: on a loaded machine (2 cores, load 5-7)
   the threads of 4 forced host devices reached an all-reduce more than 40 s
   apart, and XLA ended the process ("Termination timeout for `all reduce
@@ -57,8 +52,7 @@ runtime.use_compilation_cache(runtime.compilation_cache_dir())
 COMPILE_FLAGS = ('--xla_backend_optimization_level=0',
                  '--xla_llvm_disable_expensive_passes=true',
                  '--xla_cpu_use_fusion_emitters=false',
-                 '--xla_cpu_parallel_codegen_split_count=1',
-                 '--xla_cpu_multi_thread_eigen=false')
+                 '--xla_cpu_parallel_codegen_split_count=1')
 
 os.environ['XLA_FLAGS'] = ' '.join(
     [os.environ.get('XLA_FLAGS', '')] +
