@@ -2,9 +2,11 @@
 # Pyramidion's scorer ablation (Pietruszka et al., App. A, Table 4), sized for
 # the 2-core CPU, on a task where selection decides the answer: salient-token
 # extraction (terraformer/data/salient_extraction.py): 512 tokens of aclsum
-# paper bodies, a marker (a vocabulary piece absent from the text) declared at
-# the start of every 128-token section and inserted before 16 text tokens;
-# the target is those 16 tokens in input order. No queries, no curriculum.
+# paper bodies, a marker (one id past the text's vocabulary: base.gin's
+# fixed_marker) at the start of every 128-token section and inserted before
+# 16 text tokens; the target is those 16 tokens in input order. No queries,
+# no curriculum. Not yet shown to be learned at this budget (base.gin's
+# header: probes of full attention to step 2000).
 # The shallow encoder-decoder of App. C (gin/long_input/scorers/base.gin: 4
 # encoder layers, pooling after the second, 2 decoder layers, d_model 128;
 # the scorer reads the normalized stream, no decoder positions, one pooling
