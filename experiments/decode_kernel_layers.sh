@@ -4,9 +4,12 @@
 # 17B shapes, one token, random weights: XLA's float32 code and the kernel
 # layer with float32, bfloat16 and int8 weights, called in turn in one
 # process (median and min over 21 calls); x bound = the median over (weight
-# bytes read / the GEMV bandwidth measured in the same process).
-# `python -m terraformer.benchmarks.kernels --json` prints and writes the
-# rows; the table is made from its JSON.
+# bytes read / the GEMV bandwidth measured in the same process). Then the
+# compute-bound Q8 product (the 17B sparse QKV's multiplicative layer, 64
+# rows) alone, on one thread, on each Q8 path the CPU has, against the peak
+# multiply-add rate of that path's int8 instruction measured in the same
+# process. `python -m terraformer.benchmarks.kernels --json` prints and
+# writes the rows; the tables are made from its JSON.
 #
 # Cost: about 0.01 core-hours on the 2-core CPU (30 seconds); needs a quiet machine.
 # Short version (3 calls each; prints only): SHORT=1 bash experiments/decode_kernel_layers.sh
@@ -31,5 +34,8 @@ tabulate kernel_layers layers "$out/layers.json" \
   --figure=loss_17b_q8_vs_xla='17B sparse loss [4,9216] x [9216,8025]:ffi q8 vs xla f32' \
   --figure=dense_17b_q8_vs_xla='17B dense projection [9216] x [9216,9216]:ffi q8 vs xla f32' \
   --figure=qkv_mult_17b_q8='17B sparse QKV multiplicative layer [64,9216] x [9216,144]:ffi q8 ms (x bound)'
-record --caption=layers="Each layer the kernels replace, one token, random weights: XLA's float32 code and the kernel layer with float32, bfloat16, int8 and q8 weights (q8: int8 activations too; the sparse FF block reads it as int8), called in turn in one process, median of $repeats calls (x bound: the median over the weight bytes read / the GEMV bandwidth measured in the same process); quiet machine."
+tabulate kernel_products products "$out/layers.json" \
+  --label=17b_qkv_mult='17B sparse QKV multiplicative layer'
+record --caption=products="The compute-bound Q8 product alone (activations quantized before the clock starts), one thread, median of $repeats calls, on each Q8 path this CPU has, against the peak multiply-add rate of that path's int8 instruction (VNNI's vpdpbusd, AVX2's maddubs + madd + add, a scalar multiply-add; registers only) measured in the same process; quiet machine." \
+  --caption=layers="Each layer the kernels replace, one token, random weights: XLA's float32 code and the kernel layer with float32, bfloat16, int8 and q8 weights (q8: int8 activations too; the sparse FF block reads it as int8), called in turn in one process, median of $repeats calls (x bound: the median over the weight bytes read / the GEMV bandwidth measured in the same process); quiet machine."
 banner done "outputs in $out"

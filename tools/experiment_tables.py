@@ -204,6 +204,8 @@ TABLES = {
     'sweep': CliTable('sweep', _one_table, 'terraformer-bench --sweep --json'),
     'kernel_layers': CliTable('layers', _one_table, 'python -m '
                               'terraformer.benchmarks.kernels --json'),
+    'kernel_products': CliTable('products', _one_table, 'python -m '
+                                'terraformer.benchmarks.kernels --json'),
     'rouge': CliTable('rouge', _one_table,
                       "terraformer-eval's eval_<split>_step<N>.json"),
     'settings': CliTable('fluency', _first_rows_then_yardsticks,

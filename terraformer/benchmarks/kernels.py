@@ -11,9 +11,12 @@ machine's noise); min and median ms over the repeats, and the weight bytes
 a call reads over the GEMV bandwidth measured in the same process (x bound).
 Last it prints the table of the layers (`layers_table`: a row per layer,
 each variant's median ms with its x bound, the MB each reads, the last
-variant against XLA); --json writes the rows and the machine
-(`decode_speed.machine`) too, and that table under "tables" (layers:
-{"columns", "rows"}).
+variant against XLA) and the table of the compute-bound products
+(`products_table`: the Q8 product alone, on one thread, on every Q8 path
+this CPU has, against the peak multiply-add rate of that path's int8
+instruction, `kernels.peak_macs`); --json writes the rows and the machine
+(`decode_speed.machine`) too, and those tables under "tables" (layers,
+products: {"columns", "rows"}).
 """
 import argparse
 import json
@@ -47,6 +50,9 @@ CASES = {
     '17b_qkv_mult': (lambda: MultiplicativeDense(64, 144, use_bias=True),
                      9216),
 }
+# Compute-bound Q8 products (each weight reused by many rows): rows, K, N.
+# The 17B sparse QKV's multiplicative layer, S = 64 modules of 144.
+PRODUCTS = {'17b_qkv_mult': (64, 9216, 144)}
 VARIANTS = (('xla f32', None), ('ffi f32', 'float32'),
             ('ffi bf16', 'bfloat16'), ('ffi int8', 'int8'), ('ffi q8', 'q8'))
 
@@ -100,6 +106,45 @@ def layers_table(rows):
           'rows': table}
 
 
+def time_products(products, repeats):
+  """Rows of `products_table`: each product (rows, K, N) on each Q8 path
+  this CPU has, the product alone on one thread (`kernels.q8_product_macs`,
+  the median of `repeats` calls) and its path's int8 peak
+  (`kernels.peak_macs`), measured one after the other."""
+  rows = []
+  in_use = kernels.gemv_isa()
+  try:
+    for name in kernels.GEMV_ISA_NAMES:
+      if kernels.set_gemv_isa(name) != name:
+        continue  # This CPU lacks it.
+      peak = kernels.peak_macs('int8')
+      for product, shape in products.items():
+        rate = kernels.q8_product_macs(*shape, repeats=repeats)
+        rows.append({'product': product, 'shape': list(shape), 'path': name,
+                     'macs_per_s': rate, 'peak_macs_per_s': peak,
+                     'of_peak': rate / peak})
+  finally:
+    kernels.set_gemv_isa(in_use)
+  return rows
+
+
+def products_table(rows):
+  """A row per product and path: its multiply-add rate, the path's peak and
+  the share of it."""
+  return {'columns': ['product', 'rows x K x N', 'path', 'G MAC/s',
+                      'peak G MAC/s', '% of peak'],
+          'rows': [[r['product'], ' x '.join(map(str, r['shape'])), r['path'],
+                    f"{r['macs_per_s'] / 1e9:.0f}",
+                    f"{r['peak_macs_per_s'] / 1e9:.0f}",
+                    f"{100 * r['of_peak']:.0f}"] for r in rows]}
+
+
+def _print_table(table):
+  for line in [table['columns'], ['---'] * len(table['columns'])] + (
+      table['rows']):
+    print('| ' + ' | '.join(line) + ' |')
+
+
 def main(argv=None):
   parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
   parser.add_argument('--repeats', type=int, default=21)
@@ -128,15 +173,23 @@ def main(argv=None):
       print(f'{case:<10} {k:<9} min {min(t):8.2f}  median {median:8.2f}'
             f' ms  {n_bytes / 1e6:7.1f} MB  x bound {median / bound:5.2f}'
             f'  vs xla {base / median:5.2f}x', flush=True)
+  products = time_products(PRODUCTS, args.repeats)
+  for r in products:
+    print(f"{r['product']:<12} {r['path']:<10} product alone, 1 thread: "
+          f"{r['macs_per_s'] / 1e9:6.0f} G MAC/s, {100 * r['of_peak']:3.0f}% "
+          f"of the path's int8 peak {r['peak_macs_per_s'] / 1e9:.0f}",
+          flush=True)
   table = layers_table(rows)
-  for line in [table['columns'], ['---'] * len(table['columns'])] + (
-      table['rows']):
-    print('| ' + ' | '.join(line) + ' |')
+  _print_table(table)
+  product_table = products_table(products)
+  _print_table(product_table)
   if args.json:
     with open(args.json, 'w', encoding='utf-8') as f:
       json.dump({'repeats': args.repeats, 'bandwidth_gbps': gbps,
                  'machine': decode_speed.machine(), 'rows': rows,
-                 'tables': {'layers': table}}, f, indent=2)
+                 'products': products,
+                 'tables': {'layers': table, 'products': product_table}},
+                f, indent=2)
 
 
 if __name__ == '__main__':

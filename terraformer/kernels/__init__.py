@@ -41,6 +41,8 @@ AVX-512 host times the AVX2 paths.
 import ctypes
 import glob
 import os
+import threading
+import time
 
 import jax
 import jax.numpy as jnp
@@ -92,6 +94,13 @@ def _load():
     lib.tf_set_parallel_bytes.restype = ctypes.c_int64
     lib.tf_set_gemv_isa.argtypes = [ctypes.c_int]
     lib.tf_set_gemv_isa.restype = ctypes.c_int
+    for name in ('tf_int8_peak_macs', 'tf_f32_peak_macs'):
+      if hasattr(lib, name):
+        getattr(lib, name).argtypes = [ctypes.c_int64]
+        getattr(lib, name).restype = ctypes.c_double
+    if hasattr(lib, 'tf_q8_product_macs'):
+      lib.tf_q8_product_macs.argtypes = [ctypes.c_int64] * 4
+      lib.tf_q8_product_macs.restype = ctypes.c_double
     if hasattr(lib, 'tf_kernel_signature'):
       lib.tf_kernel_signature.argtypes = [ctypes.c_char_p]
       lib.tf_kernel_signature.restype = ctypes.c_char_p
@@ -138,6 +147,54 @@ def signature(key):
   results = [line.split() for line in result_lines.splitlines()]
   return (operands, tuple(r[0] for r in results),
           tuple(r[0] for r in results if r[2:] == ['in_place']))
+
+
+PEAK_KINDS = {'int8': 'tf_int8_peak_macs', 'float32': 'tf_f32_peak_macs'}
+
+
+def peak_macs(kind='int8', threads=1, seconds=0.2):
+  """Multiply-adds per second the kernels' instruction can issue: 'int8',
+  the Q8 path in use (`gemv_isa()`: VNNI's vpdpbusd, AVX2's maddubs + madd +
+  add, a scalar multiply-add); 'float32', the float path's FMA (`set_isa()`).
+  Registers only, on `threads` threads at once (ctypes releases the GIL),
+  summed; each runs about `seconds`. The peak a compute-bound product can
+  reach. None without the library (or a library built without the probe)."""
+  lib = _load()
+  if lib is None or not hasattr(lib, PEAK_KINDS[kind]):
+    return None
+  probe = getattr(lib, PEAK_KINDS[kind])
+  iterations = 1 << 12
+  while True:  # Rounds for `seconds`, from a run of at least 10 ms.
+    start = time.perf_counter()
+    probe(iterations)
+    elapsed = time.perf_counter() - start
+    if elapsed >= 0.01:
+      break
+    iterations *= 4
+  iterations = max(1, int(iterations * seconds / elapsed))
+  rates = [0.0] * threads
+
+  def run(i):
+    rates[i] = probe(iterations)
+
+  workers = [threading.Thread(target=run, args=(i,)) for i in range(threads)]
+  for worker in workers:
+    worker.start()
+  for worker in workers:
+    worker.join()
+  return sum(rates)
+
+
+def q8_product_macs(rows, k, n, repeats=20):
+  """Multiply-adds per second of the Q8 product alone (rows x k activations,
+  quantized before the clock starts, times a k x n packed weight), on the
+  calling thread and the path in use: the median of `repeats` calls. With
+  `peak_macs('int8')`, the share of the instruction's peak a product's
+  kernel reaches. None without the library (or its probe)."""
+  lib = _load()
+  if lib is None or not hasattr(lib, 'tf_q8_product_macs'):
+    return None
+  return lib.tf_q8_product_macs(rows, k, n, repeats)
 
 
 def unavailable_reason():

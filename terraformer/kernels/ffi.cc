@@ -359,6 +359,24 @@ extern "C" int tf_set_gemv_isa(int level) {
   return g_gemv_isa.load();
 }
 
+// Multiply-adds per second of the Q8 path in use (tf_set_gemv_isa) on the
+// calling thread: its int8 instruction's peak over `iterations` rounds.
+extern "C" double tf_int8_peak_macs(int64_t iterations) {
+  return Int8PeakMacs(CurrentGemvIsa(), iterations);
+}
+
+// The same for the float32 FMA of the float path in use (tf_set_isa).
+extern "C" double tf_f32_peak_macs(int64_t iterations) {
+  return Float32PeakMacs(CurrentIsa(), iterations);
+}
+
+// Multiply-adds per second of the Q8 product alone, rows x K times K x N,
+// on the calling thread and the path in use: the median of `repeats` calls.
+extern "C" double tf_q8_product_macs(int64_t rows, int64_t k, int64_t n,
+                                     int64_t repeats) {
+  return Q8ProductMacs(rows, k, n, std::max<int64_t>(1, repeats));
+}
+
 // Each fused kernel's operands, a line "->", then its results, one a line:
 // "name type" (" in_place": written into the operand of its name, the two
 // aliased), in binding order; nullptr for another kernel. `kernel`: the

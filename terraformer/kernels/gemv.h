@@ -53,6 +53,18 @@ void Q8Matmul(ffi::ThreadPool* pool, const float* x, int64_t T,
               int64_t n_groups, int64_t kp, const Q8Out& o,
               const int8_t* g8 = nullptr, const float* g_scale = nullptr);
 
+// Multiply-adds per second of the Q8 product alone (activations quantized
+// before), rows [rows, K] times W [K, N], on the calling thread and the
+// path in use: the median of `repeats` calls (q8_gemv.cc).
+double Q8ProductMacs(int64_t rows, int64_t K, int64_t N, int64_t repeats);
+
+// Multiply-adds per second of `isa`'s int8 product instruction on the
+// calling thread, `iterations` rounds of registers-only work (q8_gemv.cc).
+double Int8PeakMacs(GemvIsa isa, int64_t iterations);
+
+// The same for `isa`'s float32 FMA (q8_gemv.cc).
+double Float32PeakMacs(Isa isa, int64_t iterations);
+
 }  // namespace terraformer::kernels
 
 #endif  // TERRAFORMER_KERNELS_GEMV_H_

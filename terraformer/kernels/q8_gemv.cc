@@ -29,6 +29,7 @@
 #include <immintrin.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -306,6 +307,23 @@ inline int32_t Load4(const int8_t* p) {
 // without it, 21 GB/s with it; 1 row 26.5 -> 27.5 GB/s.
 constexpr int64_t kQ8Ahead = 4096;
 
+// Stores rows [r0, r0 + rows) of group gi's 16 outputs: acc times the
+// weights' scales, plus the bias.
+TF_VNNI inline void Q8StoreGroup(const __m512* acc, int rows, int64_t r0,
+                                 const Q8Out& o, int64_t gi) {
+  const int64_t n0 = gi * kQ8Rows;
+  const __mmask16 m =
+      n0 + kQ8Rows <= o.N ? 0xFFFF : (__mmask16)((1u << (o.N - n0)) - 1);
+  const __m512 scale = _mm512_maskz_loadu_ps(m, o.w_scale + n0);
+  for (int r = 0; r < rows; ++r) {
+    const int64_t row = r0 + r;
+    const __m512 bias = o.bias == nullptr ? _mm512_setzero_ps()
+        : _mm512_maskz_loadu_ps(m, o.bias + (row % o.S) * o.N + n0);
+    _mm512_mask_storeu_ps(o.y + row * o.N + n0, m,
+                          _mm512_fmadd_ps(acc[r], scale, bias));
+  }
+}
+
 // Rows [r0, r0 + RB) of `a` times the 16 outputs of group gi (weights pg);
 // `prefetch` on the group's first pass (later ones read it from cache).
 template <int RB>
@@ -338,22 +356,79 @@ TF_VNNI inline void Q8GroupVnni(const Q8Act& a, int64_t r0, const int8_t* pg,
                                _mm512_set1_ps(a.d[(r0 + r) * a.nb + b]), acc[r]);
     }
   }
-  const int64_t n0 = gi * kQ8Rows;
-  const __mmask16 m =
-      n0 + kQ8Rows <= o.N ? 0xFFFF : (__mmask16)((1u << (o.N - n0)) - 1);
-  const __m512 scale = _mm512_maskz_loadu_ps(m, o.w_scale + n0);
-  for (int r = 0; r < RB; ++r) {
-    const int64_t row = r0 + r;
-    const __m512 bias = o.bias == nullptr ? _mm512_setzero_ps()
-        : _mm512_maskz_loadu_ps(m, o.bias + (row % o.S) * o.N + n0);
-    _mm512_mask_storeu_ps(o.y + row * o.N + n0, m,
-                          _mm512_fmadd_ps(acc[r], scale, bias));
-  }
+  Q8StoreGroup(acc, RB, r0, o, gi);
 }
 
-// Groups [g0, g1) times rows [row0, row1) of `a`.
+// The many-row products' register block: rows [r0, r0 + RB) of `a` times
+// the GB groups from gi (weights pg, the next group kp * kQ8Rows bytes on).
+// Each weight vector is loaded once for RB rows and each activation
+// broadcast once for GB groups: Q8GroupVnni's 8 rows of one group issue a
+// broadcast per vpdpbusd, which held a compute-bound product (each weight
+// reused by many rows) to about half the instruction's peak. The same
+// integer sums and the same float steps in the same order as Q8GroupVnni
+// (per block: acc += float(dot) d; last: acc scale + bias): the same bits.
+template <int RB, int GB>
+TF_VNNI inline void Q8BlockVnni(const Q8Act& a, int64_t r0, const int8_t* pg,
+                                const Q8Out& o, int64_t gi) {
+  const __m512i flip = _mm512_set1_epi8(static_cast<char>(0x80));
+  const int64_t group_bytes = a.kp * kQ8Rows;
+  const int8_t* xq[RB];
+  for (int r = 0; r < RB; ++r) xq[r] = a.q.data() + (r0 + r) * a.kp;
+  __m512 acc[GB][RB];
+  for (int g = 0; g < GB; ++g) {
+    for (int r = 0; r < RB; ++r) acc[g][r] = _mm512_setzero_ps();
+  }
+  for (int64_t b = 0; b < a.nb; ++b) {
+    const int8_t* pb = pg + b * kQ8Rows * kQ8Block;
+    __m512i dot[GB][RB];
+    for (int r = 0; r < RB; ++r) {
+      const __m512i off = _mm512_set1_epi32(a.off[(r0 + r) * a.nb + b]);
+      for (int g = 0; g < GB; ++g) dot[g][r] = off;
+    }
+    for (int64_t s = 0; s < kQ8Steps; ++s) {
+      __m512i w[GB];
+      for (int g = 0; g < GB; ++g) {
+        w[g] = _mm512_xor_si512(
+            _mm512_loadu_si512(pb + g * group_bytes + 64 * s), flip);
+      }
+      for (int r = 0; r < RB; ++r) {
+        const __m512i xb = _mm512_set1_epi32(Load4(xq[r] + b * kQ8Block + 4 * s));
+        for (int g = 0; g < GB; ++g) {
+          dot[g][r] = _mm512_dpbusd_epi32(dot[g][r], w[g], xb);
+        }
+      }
+    }
+    for (int r = 0; r < RB; ++r) {
+      const __m512 d = _mm512_set1_ps(a.d[(r0 + r) * a.nb + b]);
+      for (int g = 0; g < GB; ++g) {
+        acc[g][r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot[g][r]), d, acc[g][r]);
+      }
+    }
+  }
+  for (int g = 0; g < GB; ++g) Q8StoreGroup(acc[g], RB, r0, o, gi + g);
+}
+
+// The register block of the many-row products: 4 rows x 3 groups, 12
+// accumulating vpdpbusd per 3 weight loads and 4 broadcasts (24 of the 32
+// zmm registers hold the sums).
+constexpr int kQ8BlockRows = 4;
+constexpr int kQ8BlockGroups = 3;
+
+// Groups [g0, g1) times rows [row0, row1) of `a`; `many`: a compute-bound
+// product (kQ8ManyRows rows or more), in register blocks where they fit.
 TF_VNNI void Q8RangeVnni(const Q8Act& a, const int8_t* p, const Q8Out& o,
-                         int64_t g0, int64_t g1, int64_t row0, int64_t row1) {
+                         int64_t g0, int64_t g1, int64_t row0, int64_t row1,
+                         bool many) {
+  if (many) {
+    for (; g0 + kQ8BlockGroups <= g1; g0 += kQ8BlockGroups) {
+      const int8_t* pg = p + g0 * a.kp * kQ8Rows;
+      int64_t r0 = row0;
+      for (; r0 + kQ8BlockRows <= row1; r0 += kQ8BlockRows) {
+        Q8BlockVnni<kQ8BlockRows, kQ8BlockGroups>(a, r0, pg, o, g0);
+      }
+      for (; r0 < row1; ++r0) Q8BlockVnni<1, kQ8BlockGroups>(a, r0, pg, o, g0);
+    }
+  }
   for (int64_t gi = g0; gi < g1; ++gi) {
     const int8_t* pg = p + gi * a.kp * kQ8Rows;
     for (int64_t r0 = row0; r0 < row1; r0 += kQ8RowsVnni) {
@@ -473,6 +548,17 @@ void Q8RangeScalar(const Q8Act& a, const int8_t* p, const Q8Out& o,
 // 144 outputs) and a helper that starts late still finds work.
 constexpr int64_t kQ8ManyRows = 2 * kQ8RowsVnni;
 
+// Groups [g0, g1) times rows [row0, row1) of `a` on `isa`'s path.
+void Q8Range(GemvIsa isa, const Q8Act& a, const int8_t* p, const Q8Out& o,
+             int64_t g0, int64_t g1, int64_t row0, int64_t row1, bool many) {
+  switch (isa) {
+    case GemvIsa::kAvx512Vnni:
+      return Q8RangeVnni(a, p, o, g0, g1, row0, row1, many);
+    case GemvIsa::kAvx2: return Q8RangeAvx2(a, p, o, g0, g1, row0, row1);
+    default: return Q8RangeScalar(a, p, o, g0, g1, row0, row1);
+  }
+}
+
 }  // namespace
 
 // y = the Q8 product of x [T, K] g [S, K] (rows t*S + s) and P (n_groups
@@ -493,20 +579,20 @@ void Q8Matmul(ffi::ThreadPool* pool, const float* x, int64_t T,
   // Multiply-adds: bytes of P times rows.
   const bool parallel =
       pool != nullptr && a.rows * n_groups * kQ8Rows * kp >= g_parallel_bytes.load();
+  const bool many = a.rows >= kQ8ManyRows;
   auto range = [&](int64_t g0, int64_t g1, int64_t row0, int64_t row1) {
-    switch (isa) {
-      case GemvIsa::kAvx512Vnni: return Q8RangeVnni(a, p, o, g0, g1, row0, row1);
-      case GemvIsa::kAvx2: return Q8RangeAvx2(a, p, o, g0, g1, row0, row1);
-      default: return Q8RangeScalar(a, p, o, g0, g1, row0, row1);
-    }
+    Q8Range(isa, a, p, o, g0, g1, row0, row1, many);
   };
-  if (parallel && a.rows >= kQ8ManyRows) {
-    // Two parts of the rows, each a multiple of a register pass.
+  if (parallel && many) {
+    // Two parts of the rows, each a multiple of a register pass, times
+    // blocks of kQ8BlockGroups groups (the VNNI register block's).
     const int64_t half = (a.rows / 2 + kQ8RowsVnni - 1) / kQ8RowsVnni * kQ8RowsVnni;
-    ParallelFor(pool, 2 * n_groups, [&](int64_t c) {
-      const int64_t gi = c / 2;
-      if (c % 2 == 0) return range(gi, gi + 1, 0, half);
-      return range(gi, gi + 1, half, a.rows);
+    const int64_t blocks = (n_groups + kQ8BlockGroups - 1) / kQ8BlockGroups;
+    ParallelFor(pool, 2 * blocks, [&](int64_t c) {
+      const int64_t g0 = c / 2 * kQ8BlockGroups;
+      const int64_t g1 = std::min<int64_t>(n_groups, g0 + kQ8BlockGroups);
+      if (c % 2 == 0) return range(g0, g1, 0, half);
+      return range(g0, g1, half, a.rows);
     });
     return;
   }
@@ -516,6 +602,180 @@ void Q8Matmul(ffi::ThreadPool* pool, const float* x, int64_t T,
     const int64_t g0 = c * n_groups / workers, g1 = (c + 1) * n_groups / workers;
     range(g0, g1, 0, a.rows);
   });
+}
+
+// ---------------------------------------------------------------------------
+// The peak int8 multiply-add rate of each path's instruction, one thread:
+// kPeakChains independent accumulations (more than an instruction's latency
+// times its issue rate, so none waits on its own result), registers only.
+// VNNI: vpdpbusd, 64 multiply-adds; AVX2: maddubs, madd, add, 32; scalar:
+// one int32 multiply-add. And float32's FMA: 16, 8 or 1 multiply-adds. A
+// step's compute bound divides its multiply-adds by them.
+
+namespace {
+
+constexpr int kPeakChains = 16;
+
+TF_VNNI int64_t PeakVnni(int64_t n) {
+  __m512i acc[kPeakChains];
+  for (int j = 0; j < kPeakChains; ++j) acc[j] = _mm512_set1_epi32(j);
+  __m512i w = _mm512_set1_epi8(3), x = _mm512_set1_epi32(0x01020304);
+  for (int64_t i = 0; i < n; ++i) {
+    // Opaque operands: the loop is not folded or hoisted.
+    asm volatile("" : "+v"(w), "+v"(x));
+    for (int j = 0; j < kPeakChains; ++j) acc[j] = _mm512_dpbusd_epi32(acc[j], w, x);
+  }
+  for (int j = 1; j < kPeakChains; ++j) acc[0] = _mm512_add_epi32(acc[0], acc[j]);
+  return _mm512_reduce_add_epi32(acc[0]);
+}
+
+TF_AVX2 int64_t PeakAvx2(int64_t n) {
+  __m256i acc[kPeakChains];
+  for (int j = 0; j < kPeakChains; ++j) acc[j] = _mm256_set1_epi32(j);
+  __m256i w = _mm256_set1_epi8(3), x = _mm256_set1_epi32(0x01020304);
+  const __m256i ones = _mm256_set1_epi16(1);
+  for (int64_t i = 0; i < n; ++i) {
+    asm volatile("" : "+x"(w), "+x"(x));
+    for (int j = 0; j < kPeakChains; ++j) {
+      acc[j] = _mm256_add_epi32(
+          acc[j], _mm256_madd_epi16(_mm256_maddubs_epi16(w, x), ones));
+    }
+  }
+  for (int j = 1; j < kPeakChains; ++j) acc[0] = _mm256_add_epi32(acc[0], acc[j]);
+  alignas(32) int32_t lanes[8];
+  _mm256_store_si256(reinterpret_cast<__m256i*>(lanes), acc[0]);
+  int64_t sum = 0;
+  for (int32_t v : lanes) sum += v;
+  return sum;
+}
+
+TF_AVX512 float PeakFloatAvx512(int64_t n) {
+  __m512 acc[kPeakChains];
+  for (int j = 0; j < kPeakChains; ++j) acc[j] = _mm512_set1_ps(j);
+  __m512 w = _mm512_set1_ps(0.5f), x = _mm512_set1_ps(0.25f);
+  for (int64_t i = 0; i < n; ++i) {
+    asm volatile("" : "+v"(w), "+v"(x));
+    for (int j = 0; j < kPeakChains; ++j) acc[j] = _mm512_fmadd_ps(w, x, acc[j]);
+  }
+  for (int j = 1; j < kPeakChains; ++j) acc[0] = _mm512_add_ps(acc[0], acc[j]);
+  return _mm512_reduce_add_ps(acc[0]);
+}
+
+TF_AVX2 float PeakFloatAvx2(int64_t n) {
+  __m256 acc[kPeakChains];
+  for (int j = 0; j < kPeakChains; ++j) acc[j] = _mm256_set1_ps(j);
+  __m256 w = _mm256_set1_ps(0.5f), x = _mm256_set1_ps(0.25f);
+  for (int64_t i = 0; i < n; ++i) {
+    asm volatile("" : "+x"(w), "+x"(x));
+    for (int j = 0; j < kPeakChains; ++j) acc[j] = _mm256_fmadd_ps(w, x, acc[j]);
+  }
+  for (int j = 1; j < kPeakChains; ++j) acc[0] = _mm256_add_ps(acc[0], acc[j]);
+  alignas(32) float lanes[8];
+  _mm256_store_ps(lanes, acc[0]);
+  float sum = 0.f;
+  for (float v : lanes) sum += v;
+  return sum;
+}
+
+float PeakFloatScalar(int64_t n) {
+  float acc[kPeakChains];
+  for (int j = 0; j < kPeakChains; ++j) acc[j] = j;
+  float w = 0.5f, x = 0.25f;
+  for (int64_t i = 0; i < n; ++i) {
+    asm volatile("" : "+x"(w), "+x"(x));
+    for (int j = 0; j < kPeakChains; ++j) acc[j] = std::fma(w, x, acc[j]);
+    asm volatile("" : "+m"(acc));
+  }
+  float sum = 0.f;
+  for (float v : acc) sum += v;
+  return sum;
+}
+
+int64_t PeakScalar(int64_t n) {
+  int32_t acc[kPeakChains];
+  for (int j = 0; j < kPeakChains; ++j) acc[j] = j;
+  int32_t w = 3, x = 5;
+  for (int64_t i = 0; i < n; ++i) {
+    asm volatile("" : "+r"(w), "+r"(x));
+    for (int j = 0; j < kPeakChains; ++j) acc[j] += w * x;
+    asm volatile("" : "+m"(acc));  // One multiply-add each, not vectorized.
+  }
+  int64_t sum = 0;
+  for (int32_t v : acc) sum += v;
+  return sum;
+}
+
+}  // namespace
+
+double Q8ProductMacs(int64_t rows, int64_t K, int64_t N, int64_t repeats) {
+  const GemvIsa isa = CurrentGemvIsa();
+  const int64_t kp = (K + kQ8Block - 1) / kQ8Block * kQ8Block;
+  const int64_t n_groups = (N + kQ8Rows - 1) / kQ8Rows;
+  uint32_t state = 12345;  // Any values: the time does not depend on them.
+  auto next = [&state]() { return state = state * 1664525u + 1013904223u; };
+  std::vector<float> x(rows * K), g(K, 1.f), w_scale(N, 1.f), y(rows * N);
+  for (float& v : x) v = static_cast<float>(next() >> 8) / (1 << 24) - 0.5f;
+  std::vector<int8_t> p(n_groups * kQ8Rows * kp);
+  for (int8_t& v : p) v = static_cast<int8_t>(next() % 255 - 127);
+  Q8Act a;
+  Q8Quantize(nullptr, isa, x.data(), rows, g.data(), 1, K, kp, &a);
+  const Q8Out o{w_scale.data(), nullptr, 1, N, y.data()};
+  std::vector<double> seconds;
+  for (int64_t i = 0; i <= repeats; ++i) {  // The first call warms up.
+    const auto start = std::chrono::steady_clock::now();
+    Q8Range(isa, a, p.data(), o, 0, n_groups, 0, rows, rows >= kQ8ManyRows);
+    seconds.push_back(std::chrono::duration<double>(
+        std::chrono::steady_clock::now() - start).count());
+  }
+  seconds.erase(seconds.begin());
+  std::nth_element(seconds.begin(), seconds.begin() + seconds.size() / 2,
+                   seconds.end());
+  const double median = seconds[seconds.size() / 2];
+  return median > 0 ? static_cast<double>(rows) * K * N / median : 0.0;
+}
+
+double Float32PeakMacs(Isa isa, int64_t iterations) {
+  int64_t per_iteration = 0;
+  const auto start = std::chrono::steady_clock::now();
+  float sink = 0.f;
+  switch (isa) {
+    case Isa::kAvx512:
+      sink = PeakFloatAvx512(iterations), per_iteration = kPeakChains * 16;
+      break;
+    case Isa::kAvx2:
+      sink = PeakFloatAvx2(iterations), per_iteration = kPeakChains * 8;
+      break;
+    default:
+      sink = PeakFloatScalar(iterations), per_iteration = kPeakChains;
+  }
+  const double seconds = std::chrono::duration<double>(
+      std::chrono::steady_clock::now() - start).count();
+  static std::atomic<int64_t> g_sink{0};
+  g_sink.fetch_add(static_cast<int64_t>(sink), std::memory_order_relaxed);
+  return seconds > 0 ? static_cast<double>(iterations) * per_iteration / seconds
+                     : 0.0;
+}
+
+double Int8PeakMacs(GemvIsa isa, int64_t iterations) {
+  int64_t per_iteration = 0;
+  const auto start = std::chrono::steady_clock::now();
+  int64_t sink = 0;
+  switch (isa) {
+    case GemvIsa::kAvx512Vnni:
+      sink = PeakVnni(iterations), per_iteration = kPeakChains * 64;
+      break;
+    case GemvIsa::kAvx2:
+      sink = PeakAvx2(iterations), per_iteration = kPeakChains * 32;
+      break;
+    default:
+      sink = PeakScalar(iterations), per_iteration = kPeakChains;
+  }
+  const double seconds = std::chrono::duration<double>(
+      std::chrono::steady_clock::now() - start).count();
+  static std::atomic<int64_t> g_sink{0};
+  g_sink.fetch_add(sink, std::memory_order_relaxed);  // Keeps the result live.
+  return seconds > 0 ? static_cast<double>(iterations) * per_iteration / seconds
+                     : 0.0;
 }
 
 }  // namespace terraformer::kernels

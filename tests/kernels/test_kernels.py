@@ -208,6 +208,7 @@ def test_kernel_benchmark_has_a_row_per_variant(monkeypatch, capsys,
   _require_kernels()
   monkeypatch.setitem(kernel_bench.CASES, 'tiny', (
       lambda: MultiplicativeDense(4, 2048, use_bias=True), 256))
+  monkeypatch.setattr(kernel_bench, 'PRODUCTS', {'small': (16, 100, 40)})
   out = tmp_path / 'layers.json'
   kernel_bench.main(['--cases=tiny', '--repeats=1', f'--json={out}'])
   rows = [line.split() for line in capsys.readouterr().out.splitlines()
@@ -223,3 +224,14 @@ def test_kernel_benchmark_has_a_row_per_variant(monkeypatch, capsys,
   assert [round(r['bytes'] / 1e6, 1) for r in written['rows']] == [
       megabytes[r['variant']] for r in written['rows']]
   assert written['machine']['gemv_isa'] == kernels.gemv_isa()
+  # The compute-bound product on every Q8 path this CPU has, against that
+  # path's int8 peak; the path in use is set back.
+  paths = [r['path'] for r in written['products']]
+  assert paths[0] == 'scalar' and paths[-1] == kernels.gemv_isa()
+  assert paths == list(kernels.GEMV_ISA_NAMES[:len(paths)])
+  for r in written['products']:
+    assert r['shape'] == [16, 100, 40]
+    assert 0 < r['macs_per_s'] and 0 < r['peak_macs_per_s']
+    assert r['of_peak'] == r['macs_per_s'] / r['peak_macs_per_s']
+  assert written['tables']['products']['rows'] == kernel_bench.products_table(
+      written['products'])['rows']

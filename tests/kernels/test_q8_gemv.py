@@ -71,10 +71,13 @@ def _block_sums(q, d, w):
 # (T, S, K, N): K and N not multiples of 32 / 16 (tails of a block and of a
 # group), one block (K < 32), one group (N = 16), 13 rows (AVX-512: a pass of
 # 8 and one of 5; AVX2: six passes of 2 and one of 1), 18 rows (from 16 rows
-# 'split' also splits the rows: rows 0-15 and 16-17 of each group). 'split':
-# rows are also quantized in chunks over the pool.
+# 'split' also splits the rows: rows 0-15 and 16-17 of each group; on
+# AVX-512 VNNI, from 16 rows, register blocks of 4 rows x 3 groups, then
+# single rows), 21 rows of 5 groups (blocks of 4 rows x 3 groups, a single
+# row of 3 groups, then the 2 groups left one at a time). 'split': rows are
+# also quantized in chunks over the pool.
 SHAPES = [(1, 1, 37, 21), (1, 1, 300, 33), (2, 3, 45, 16), (1, 13, 70, 5),
-          (3, 1, 20, 50), (2, 9, 70, 40)]
+          (3, 1, 20, 50), (2, 9, 70, 40), (1, 21, 100, 80)]
 
 
 @pytest.mark.parametrize('g_storage', ['float32', 'int8'])
@@ -364,3 +367,29 @@ def test_environment_variable_forces_the_gemv_path(monkeypatch):
     kernels.set_gemv_isa(kernels.GEMV_ISA_NAMES[-1])
     kernels.set_isa(kernels.ISA_NAMES[-1])
 
+
+
+@pytest.mark.parametrize('name', kernels.GEMV_ISA_NAMES)
+def test_int8_peak_and_product_rates_on_each_path(gemv_isa, name):
+  """The probes a compute bound divides by: the int8 instruction's peak on
+  1 and 2 threads (`peak_macs`) and the Q8 product alone
+  (`q8_product_macs`, here a compute-bound 16-row product) are finite,
+  positive rates on each path this CPU has. Their values are measured by
+  the kernel benchmark, not here."""
+  gemv_isa(name)
+  one, two = kernels.peak_macs('int8', 1, 0.01), kernels.peak_macs(
+      'int8', 2, 0.01)
+  rate = kernels.q8_product_macs(16, 100, 40, repeats=3)
+  for value in (one, two, rate):
+    assert value is not None and 0 < value < float('inf')
+  assert kernels.gemv_isa() == name  # The probes leave the path in use.
+
+
+@pytest.mark.parametrize('name', kernels.ISA_NAMES)
+def test_float32_peak_on_each_path(float_isa, name):
+  """`peak_macs('float32')`: the float path's FMA, a finite positive rate
+  on each path this CPU has."""
+  float_isa(name)
+  value = kernels.peak_macs('float32', 1, 0.01)
+  assert value is not None and 0 < value < float('inf')
+  assert kernels.set_isa() == name
