@@ -8,6 +8,8 @@ rows it selects, an attention cache only the bucket the step reads (its
 filled positions with the `tf_cache_attention` kernel). Divided
 by a measured GEMV bandwidth (`decode_speed.gemv_bandwidth`) they give the
 lower bound of a step's time that `terraformer-bench` prints beside it.
+`walk_step` is the walk over the layers a step runs that this and
+`step_macs` (the multiply-adds of the same step) share.
 """
 import collections
 
@@ -38,7 +40,7 @@ def _row_bytes(array, n_rows):
       array.dtype.itemsize)
 
 
-def _positions_read(layer, filled, keys):
+def positions_read(layer, filled, keys):
   """Cache positions a step reads with `filled` positions written: the
   smallest bucket holding them, or just them when the step attends with
   the in-place kernel (`kernels.layers.KernelPrefixCausalAttention`)."""
@@ -82,7 +84,7 @@ def _leaf_layer_bytes(layer, weights, state, position, n_tokens,
     # Keys and values [batch * heads, max_len, d_head]: the step reads the
     # smallest bucket holding positions 0..position.
     keys, values, index = state
-    size = _positions_read(layer, position + n_tokens, keys)
+    size = positions_read(layer, position + n_tokens, keys)
     per_position = lambda a: nbytes(a) // a.shape[1]
     return size * (per_position(keys) + per_position(values)) + nbytes(index)
   if isinstance(layer, CausalDotProductAttention) and len(state) == 4:
@@ -90,38 +92,44 @@ def _leaf_layer_bytes(layer, weights, state, position, n_tokens,
     # encoder_len encoder positions, then the decoder's: the step reads the
     # keys, values and validity of the smallest bucket holding them all.
     keys, values, valid, index = state
-    size = _positions_read(layer, encoder_len + position + n_tokens, keys)
+    size = positions_read(layer, encoder_len + position + n_tokens, keys)
     per_position = lambda a: nbytes(a) // a.shape[1]
     return size * sum(per_position(a) for a in (keys, values, valid)) + (
         nbytes(index))
   return nbytes(weights) + nbytes(state)
 
 
-def _layer_bytes(layer, weights, state, position, n_tokens, out,
-                 encoder_len=0):
+def walk_step(model, weights, state, leaf, cached=None):
+  """Walks the layers one predict step of `model` runs: the one traversal
+  of `step_bytes` and `step_macs.step_macs`.
+
+  Calls `leaf(layer, weights, state)` at each layer without sublayers, with
+  its weights and state (`()` where its parent's do not split over its
+  sublayers), and `cached(layer, outputs)` at each `tl.Cache` already
+  filled (after the first call the step reads its cached outputs and does
+  not run its sublayer; an empty one is walked into). A shared layer
+  (weights GET_WEIGHTS_FROM_CACHE) is walked with its own weights at each
+  use: each use runs it.
+  """
   if isinstance(weights, dict) and weights == tl.GET_WEIGHTS_FROM_CACHE:
-    weights = layer.weights  # A shared layer, read again at each use.
-  if isinstance(layer, trax_combinators.Cache):
-    cached, sub_state = state
-    if not (isinstance(cached, tuple) and not cached):
-      # After the first call: the cached outputs are read, the layer not run.
-      out['Cache'] += nbytes(cached)
+    weights = model.weights  # A shared layer, run again at each use.
+  if isinstance(model, trax_combinators.Cache):
+    outputs, sub_state = state
+    if not (isinstance(outputs, tuple) and not outputs):
+      if cached is not None:
+        cached(model, outputs)
       return
-    _layer_bytes(layer.sublayer, weights[0], sub_state, position, n_tokens,
-                 out, encoder_len)
+    walk_step(model.sublayer, weights[0], sub_state, leaf, cached)
     return
-  subs = layer.sublayers
+  subs = model.sublayers
   if subs:
     for i, sub in enumerate(subs):
       sub_w = weights[i] if len(weights) == len(subs) else ()
       sub_s = state[i] if (isinstance(state, (tuple, list))
                            and len(state) == len(subs)) else ()
-      _layer_bytes(sub, sub_w, sub_s, position, n_tokens, out, encoder_len)
+      walk_step(sub, sub_w, sub_s, leaf, cached)
     return
-  n = _leaf_layer_bytes(layer, weights, state, position, n_tokens,
-                        encoder_len)
-  if n:
-    out[type(layer).__name__] += n
+  leaf(model, weights, state)
 
 
 def step_bytes(model, weights, state, position, n_tokens=1, encoder_len=0):
@@ -144,5 +152,16 @@ def step_bytes(model, weights, state, position, n_tokens=1, encoder_len=0):
     not counted.
   """
   out = collections.Counter()
-  _layer_bytes(model, weights, state, position, n_tokens, out, encoder_len)
+
+  def leaf(layer, w, s):
+    n = _leaf_layer_bytes(layer, w, s, position, n_tokens, encoder_len)
+    if n:
+      out[type(layer).__name__] += n
+
+  def cached(layer, outputs):
+    del layer
+    # After the first call: the cached outputs are read, the layer not run.
+    out['Cache'] += nbytes(outputs)
+
+  walk_step(model, weights, state, leaf, cached)
   return dict(out)
