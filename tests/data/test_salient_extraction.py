@@ -94,6 +94,40 @@ def test_fixed_marker_is_one_id_past_the_vocabulary(shared_cache_dir,
       np.testing.assert_array_equal(x[is_salient], after)
 
 
+def test_salient_pieces_are_the_most_frequent_pieces(shared_cache_dir,
+                                                     papers_dir):
+  """With salient_pieces K the salient tokens are the first K pieces of
+  the vocabulary, ids N_SPECIAL .. N_SPECIAL + K - 1; everything else
+  holds: the target, the markers, the sections, one window of the split's
+  text."""
+  del shared_cache_dir
+  n, m, section, k = 64, 4, 16, 8
+  train_text = _split_text(papers_dir, 'train')
+  for inputs, targets, _ in itertools.islice(
+      _stream(papers_dir, declare_every=section, salient_pieces=k), 3):
+    salient = se.salient_positions(inputs, section)
+    for x, y, is_salient in zip(inputs, targets, salient):
+      marker, after, text = _read(x, section)
+      assert marker not in text
+      np.testing.assert_array_equal(y, after + [1])
+      np.testing.assert_array_equal(x[is_salient], after)
+      assert all(se.N_SPECIAL <= t < se.N_SPECIAL + k for t in after)
+      assert (x == marker).sum() == m + n // section
+      assert _contains(train_text, np.array(text))
+
+
+def test_salient_pieces_errors(shared_cache_dir, papers_dir):
+  del shared_cache_dir
+  for bad in (0, V, True, 2.0):
+    with pytest.raises(TerraformerError, match='salient_pieces must be'):
+      next(_stream(papers_dir, salient_pieces=bad))
+  # 4 salient tokens in each 16-token section, all of them the first piece:
+  # no window has that.
+  with pytest.raises(TerraformerError, match='first 1 pieces'):
+    next(_stream(papers_dir, n_salient=16, declare_every=16,
+                 salient_pieces=1))
+
+
 def test_recorded_positions_and_the_rule_agree(shared_cache_dir, papers_dir):
   del shared_cache_dir
   layout, stream = se.examples(input_len=48, n_salient=6, vocab_size=V,
