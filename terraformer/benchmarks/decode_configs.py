@@ -335,8 +335,10 @@ def project(result, n_layers):
   """Adds a result's figures projected to `n_layers` decoder blocks.
 
   projected = (model without decoder blocks) + n_layers x (per block), for
-  ms/token and bytes/token; the measured model had `result['n_blocks']`
-  blocks and no encoder blocks (decoding steps never run the encoder).
+  ms/token, bytes/token and multiply-adds/token (the bound: the larger of
+  the bytes and compute bounds); the measured model had
+  `result['n_blocks']` blocks and no encoder blocks (decoding steps never
+  run the encoder).
   """
   if not result.get('ms_per_block'):
     raise errors.TerraformerError(
@@ -348,10 +350,18 @@ def project(result, n_layers):
                                       n_layers * result['ms_per_block'])
   result['projected_bytes_per_token'] = (bytes_no_blocks +
                                          n_layers * result['bytes_per_block'])
+  compute = None
+  if result.get('macs_per_block') and result.get('peak_macs'):
+    projected_macs = {
+        k: result['macs_per_token'][k] + (n_layers - result['n_blocks']) *
+        result['macs_per_block'][k] for k in result['macs_per_token']}
+    compute = result['projected_compute_bound_ms_per_token'] = (
+        decode_speed.compute_ms(projected_macs, result['peak_macs']))
   if result.get('bandwidth_gbps'):
-    result['projected_bound_ms_per_token'] = (
+    bytes_bound = result['projected_bytes_bound_ms_per_token'] = (
         1e3 * result['projected_bytes_per_token'] /
         (result['bandwidth_gbps'] * 1e9))
+    result['projected_bound_ms_per_token'] = max(bytes_bound, compute or 0.0)
 
 
 def add_dense_speedups(results):
@@ -386,7 +396,10 @@ def add_dense_speedups(results):
           base.get(f'{prefix}ms_per_token'), ms)
       bytes_ratio = ratio(base.get(f'{prefix}bytes_per_token'),
                           result.get(f'{prefix}bytes_per_token'))
-      bound = result.get(f'{prefix}bound_ms_per_token')
+      # The dense model's bytes at this model's bandwidth (reports made
+      # before the compute bound have the bytes bound alone).
+      bound = result.get(f'{prefix}bytes_bound_ms_per_token',
+                         result.get(f'{prefix}bound_ms_per_token'))
       dense_bound = bytes_ratio * bound if bytes_ratio and bound else None
       result[f'{prefix}speedup_vs_dense_bound'] = ratio(dense_bound, ms)
 

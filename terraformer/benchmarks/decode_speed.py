@@ -8,6 +8,13 @@ the bound they give, `bytes / GEMV bandwidth` (the bandwidth measured in the
 same process, `gemv_bandwidth`): a sparse model is fast because it reads few
 bytes, and an implementation is good when it runs close to that bound.
 
+Some steps are bound by arithmetic instead (the multiplicative layers: S d M
+multiply-adds for the bytes of a d x (S + M) layer): each result also
+carries the int8 and float multiply-adds of a step (`step_macs`) and the time
+they take at the peak rates of the kernels' int8 and float32 instructions
+(`kernels.peak_macs`, on this process's cores, measured between rounds like
+the bandwidth); the bound is the larger of the two.
+
 The step timed is `terraformer.decoding.step.make_step`, the one decoding
 uses, with random weights (`weight_factory`); this module times it.
 """
@@ -25,6 +32,7 @@ import numpy as np
 
 from terraformer import kernels as kernel_lib
 from terraformer.benchmarks import bytes_read
+from terraformer.benchmarks import step_macs as step_macs_lib
 from terraformer.benchmarks import weight_factory
 from terraformer.decoding import step as decode_step
 
@@ -98,6 +106,29 @@ def gemv_bandwidth(megabytes=256, repeats=10):
     return probe.measure(repeats)
   finally:
     probe.close()
+
+
+# ---------------------------------------------------------------------------
+# Multiply-add rate.
+
+
+def peak_macs(seconds=0.05):
+  """{'int8': MACs/s, 'float32': MACs/s}: the peak rates of the kernels'
+  int8 instruction (the Q8 path in use) and float32 FMA on every core this
+  process may run on (`kernels.peak_macs`, registers only); None without
+  the kernels."""
+  if not kernel_lib.available():
+    return None
+  threads = len(os.sched_getaffinity(0))
+  peaks = {kind: kernel_lib.peak_macs(kind, threads, seconds)
+           for kind in ('int8', 'float32')}
+  return None if None in peaks.values() else peaks
+
+
+def compute_ms(macs, peaks):
+  """Milliseconds the multiply-adds `macs` ({'int8': n, 'float': n}) take
+  at `peaks` (`peak_macs`)."""
+  return 1e3 * (macs['int8'] / peaks['int8'] + macs['float'] / peaks['float32'])
 
 
 # ---------------------------------------------------------------------------
@@ -295,6 +326,22 @@ class DecodeTimer:
     by_layer = {k: v / self.tokens for k, v in totals.items()}
     return by_layer, sum(by_layer.values())
 
+  def step_macs(self):
+    """{'int8': n, 'float': n}: step_macs totals averaged over the timed
+    positions; None for a model with a layer `step_macs` does not count."""
+    if self.steady_state is None:
+      self.warm_up()
+    totals = collections.Counter()
+    try:
+      for position in range(self.first_position,
+                            self.first_position + self.tokens):
+        totals.update(step_macs_lib.total_macs(step_macs_lib.step_macs(
+            self.model, self.weights, self.steady_state, position,
+            encoder_len=self.encoder_len)))
+    except NotImplementedError:
+      return None
+    return {kind: totals[kind] / self.tokens for kind in ('int8', 'float')}
+
   @property
   def n_params(self):
     return sum(int(np.prod(l.shape, dtype=np.int64))
@@ -335,7 +382,7 @@ def _available_memory():
 
 
 def time_models(models, tokens=32, prompt_len=16, repeats=5, seed=0,
-                memory_budget=None, log=None, probe=None):
+                memory_budget=None, log=None, probe=None, peaks=peak_macs):
   """Times several models, interleaving their repeats to share the noise.
 
   With a `probe` (GemvProbe), each round of repeats is followed by a
@@ -350,13 +397,19 @@ def time_models(models, tokens=32, prompt_len=16, repeats=5, seed=0,
   rounds, one repeat of each per round; larger sets are split into such
   groups, in order.
 
+  `peaks` (`peak_macs`, or None) is measured after each round too (after the
+  bandwidth probe), and each model's result carries the median of its
+  group's per kind (`peak_macs`) beside its multiply-adds per token
+  (`macs_per_token`, `DecodeTimer.step_macs`).
+
   Models whose weights are created in their decode storage
   (`bench_weights.created='stored'`) count those stored bytes.
 
   Returns:
     one dict per model: ms_per_token_repeats, bytes_by_layer,
-    bytes_per_token, n_params, decode_path, memory_by_kind (bytes of the
-    weights held, by layer class and dtype, and of the caches).
+    bytes_per_token, macs_per_token (or None), n_params, decode_path,
+    memory_by_kind (bytes of the weights held, by layer class and dtype, and
+    of the caches).
   """
   if memory_budget is None:
     available = _available_memory()
@@ -384,7 +437,7 @@ def time_models(models, tokens=32, prompt_len=16, repeats=5, seed=0,
   results = [None] * len(models)
   for group in groups:
     timers = {}
-    step_bytes_ = {}
+    step_bytes_, macs = {}, {}
     for i in group:
       if log:
         log(f'model {i + 1}/{len(models)}: making {sizes[i] / 2**30:.2f} GiB '
@@ -393,24 +446,32 @@ def time_models(models, tokens=32, prompt_len=16, repeats=5, seed=0,
                               all_shapes[i])
       timers[i].warm_up()
       step_bytes_[i] = timers[i].step_bytes()
+      macs[i] = timers[i].step_macs()
       if log:
         held = sum(timers[i].memory_by_kind().values())
         log(f'model {i + 1}/{len(models)}: {held / 2**30:.2f} GiB held')
     if log:
       log(f'timing {len(group)} model(s) together: {repeats} rounds')
     times = {i: [] for i in group}
-    rates = []
+    rates, peak_rounds = [], []
     for _ in range(repeats):
       for i in group:
         times[i].append(timers[i].repeat())
       if probe is not None:
         rates.append(probe.measure(repeats=5)[0])
+      if peaks is not None:
+        peak_rounds.append(peaks())
     probed = {'bandwidth_gbps': float(np.median(rates)),
               'bandwidth_gbps_rounds': [float(r) for r in rates]} if rates else {}
+    if peak_rounds and None not in peak_rounds:
+      probed['peak_macs'] = {
+          kind: float(np.median([p[kind] for p in peak_rounds]))
+          for kind in ('int8', 'float32')}
     for i in group:
       by_layer, total = step_bytes_[i]
       results[i] = {**probed, 'ms_per_token_repeats': times[i],
                     'bytes_by_layer': by_layer, 'bytes_per_token': total,
+                    'macs_per_token': macs[i],
                     'n_params': timers[i].n_params,
                     'decode_path': timers[i].decode_path,
                     'memory_by_kind': timers[i].memory_by_kind()}
@@ -467,21 +528,36 @@ def _result(spec, full, base, bandwidth_gbps):
     result['ms_per_block'] = (result['ms_per_token'] - base_ms) / spec.n_blocks
     result['bytes_per_block'] = (
         full['bytes_per_token'] - base['bytes_per_token']) / spec.n_blocks
+  # The compute bound: the step's multiply-adds at the instructions' peak
+  # rates measured beside its rounds (none when a layer is not counted).
+  macs, peaks = full.get('macs_per_token'), full.get('peak_macs')
+  compute = compute_block = None
+  if macs and peaks:
+    result['macs_per_token'] = macs
+    result['peak_macs'] = peaks
+    compute = result['compute_bound_ms_per_token'] = compute_ms(macs, peaks)
+    if base is not None and base.get('macs_per_token'):
+      per_block = {k: (macs[k] - base['macs_per_token'][k]) / spec.n_blocks
+                   for k in macs}
+      result['macs_per_block'] = per_block
+      compute_block = compute_ms(per_block, peaks)
   if bandwidth_gbps:
     result['bandwidth_gbps'] = bandwidth_gbps
-    result['bound_ms_per_token'] = 1e3 * result['bytes_per_token'] / (
-        bandwidth_gbps * 1e9)
+    bytes_bound = 1e3 * result['bytes_per_token'] / (bandwidth_gbps * 1e9)
+    result['bytes_bound_ms_per_token'] = bytes_bound
+    result['bound_ms_per_token'] = max(bytes_bound, compute or 0.0)
     result['achieved_over_bound'] = (result['ms_per_token'] /
                                      result['bound_ms_per_token'])
     if result['bytes_per_block'] is not None:
-      result['bound_ms_per_block'] = 1e3 * result['bytes_per_block'] / (
-          bandwidth_gbps * 1e9)
+      result['bound_ms_per_block'] = max(
+          1e3 * result['bytes_per_block'] / (bandwidth_gbps * 1e9),
+          compute_block or 0.0)
   return result
 
 
 def benchmark_all(specs, tokens=32, prompt_len=16, repeats=5, seed=0,
                   bandwidth_gbps=None, memory_budget=None, log=None,
-                  probe=None):
+                  probe=None, peaks=peak_macs):
   """Benchmarks ModelSpecs together: ms/token, ms/block, bytes, bound.
 
   All models (and base models) are timed by one `time_models` call, so
@@ -494,8 +570,10 @@ def benchmark_all(specs, tokens=32, prompt_len=16, repeats=5, seed=0,
   Returns:
     one dict per spec: name, n_blocks, n_params, ms_per_token (median over
     repeats), ms_per_token_min/max/repeats, ms_per_block, ms_no_blocks,
-    bytes_per_token, bytes_per_block, bytes_by_layer and, given
-    `bandwidth_gbps`, bound_ms_per_token, bound_ms_per_block and
+    bytes_per_token, bytes_per_block, bytes_by_layer, with the kernels
+    macs_per_token, peak_macs and compute_bound_ms_per_token and, given
+    `bandwidth_gbps`, bytes_bound_ms_per_token, bound_ms_per_token (the
+    larger of the bytes and compute bounds), bound_ms_per_block and
     achieved_over_bound (ms_per_token / bound_ms_per_token); with a
     `probe` (`time_models`), each spec's bound uses the bandwidth measured
     between its model's rounds (`bandwidth_gbps` of the result).
@@ -508,7 +586,7 @@ def benchmark_all(specs, tokens=32, prompt_len=16, repeats=5, seed=0,
     if use_base:
       models.append(spec.base_model)
   timed = time_models(models, tokens, prompt_len, repeats, seed,
-                      memory_budget, log, probe)
+                      memory_budget, log, probe, peaks)
   return [_result(spec, timed[i], None if j is None else timed[j],
                   bandwidth_gbps)
           for spec, (i, j) in zip(specs, index)]

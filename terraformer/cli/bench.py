@@ -24,8 +24,11 @@ Every model gets random weights (speed does not depend on them) and decodes
 --tokens tokens greedily, batch 1, after a --prompt_len-token prompt (the
 encoder input of an encoder-decoder, fed token by token to an LM). The table
 shows ms/token (median and range over --repeats), ms per decoder block, the
-bytes of weights and caches a step reads, the bound those bytes give at the
-GEMV bandwidth measured in the same run, and speedups: over the first
+bytes of weights and caches a step reads, the compute bound (compute ms: the
+step's int8 and float multiply-adds at the peak rates of the kernels' int8
+instruction and float32 FMA, probed between rounds), the bound (the larger
+of those bytes at the GEMV bandwidth measured in the same run and the
+compute bound), and speedups: over the first
 model, over the dense model of the same decode options (kernels, weight
 storage) and d_model in the run, both measured (vs dense), and over that
 dense model at its bound (vs dense bound: the speedup over a dense model

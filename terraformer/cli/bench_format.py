@@ -35,7 +35,8 @@ def _ratio(a, b):
 # time (--compare_trax), and last the GB/s of each model's bound and its
 # median ms/token alone (for tables that choose them).
 SPEED_COLUMNS = ['model', 'ms/token [min-max]', 'ms/block', 'MB/token',
-                 'MB/block', 'bound ms', 'x bound', 'speedup', 'per block']
+                 'MB/block', 'compute ms', 'bound ms', 'x bound', 'speedup',
+                 'per block']
 DENSE_COLUMNS = ['vs dense', 'vs dense bound']
 TRAX_COLUMNS = ['Trax ms/token', 'ours vs Trax']
 LAST_COLUMNS = ['GB/s', 'ms/token']
@@ -82,6 +83,7 @@ def speed_table(report):
         'ms/block': _f(m.get('ms_per_block'), '.2f'),
         'MB/token': f"{m['bytes_per_token'] / 1e6:.1f}",
         'MB/block': _f(None if block is None else block / 1e6, '.2f'),
+        'compute ms': _f(m.get('compute_bound_ms_per_token'), '.1f'),
         'bound ms': _f(m.get('bound_ms_per_token'), '.1f'),
         'x bound': _f(m.get('achieved_over_bound'), '.2f'),
         'speedup': _x(m['speedup']),
@@ -136,7 +138,8 @@ def format_table(report):
   lines.append(
       f"batch 1, {settings['tokens']} tokens after a "
       f"{settings['prompt_len']}-token prompt, {settings['repeats']} repeats;"
-      f' bound = bytes read per token / {_bandwidths(report)}; ms/block and '
+      f' bound = the larger of bytes read per token / {_bandwidths(report)}'
+      f' and compute ms = {_compute(report)}; ms/block and '
       'MB/block: (model - model without decoder blocks) / blocks; speedup '
       'and per block: over the first model')
   lines.append(DENSE_NOTE)
@@ -390,6 +393,19 @@ def _bandwidths(report):
             'run)')
   return (f'the GEMV bandwidth measured between that model\'s rounds of '
           f'repeats ({min(own):.1f}-{max(own):.1f} GB/s over the models)')
+
+
+def _compute(report):
+  """How a report's compute bounds were made: a step's int8 and float
+  multiply-adds at the peak rates of the kernels' instructions."""
+  peaks = [r['peak_macs'] for r in report['models'] if r.get('peak_macs')]
+  if not peaks:
+    return "none (no kernels' peak probe, or a layer step_macs does not count)"
+  rate = lambda kind: '-'.join(sorted({f'{p[kind] / 1e9:.0f}' for p in peaks},
+                                      key=float))
+  return ('int8 multiply-adds per token / the int8 peak + float ones / the '
+          f"float32 peak (probed between rounds: {rate('int8')} and "
+          f"{rate('float32')} G/s)")
 
 
 def format_profile(name, summary, kinds=8):

@@ -333,3 +333,33 @@ def test_dense_speedups_pair_each_model_with_its_storages_dense_model():
   sparse_int8 = next(l for l in lines if l.startswith('sparse int8 ')).split()
   assert sparse_int8[-4:-2] == ['4.00x', '2.50x']
   assert bench_format.DENSE_NOTE in lines
+
+
+def test_a_compute_bound_model_is_compared_with_dense_by_its_bytes():
+  """A model whose bound is its compute bound (arithmetic over the
+  instructions' peaks above its bytes over the bandwidth): the dense
+  model's bytes at its bandwidth use its bytes bound, not the larger one."""
+  dense = _timed('dense q8', True, ('ffi', 'q8'), 100.0, 100.0)
+  sparse = _timed('sparse q8', False, ('ffi', 'q8'), 10.0, 8.0,
+                  bytes_bound_ms_per_token=4.0)
+  sparse['bytes_per_token'] = 4.0 * 10.0 * 1e6  # 4 ms at 10 GB/s.
+  benchmark.add_dense_speedups([dense, sparse])
+  # The dense model's 1000 MB at 10 GB/s: 100 ms, over 10 ms measured.
+  assert sparse['speedup_vs_dense_bound'] == pytest.approx(10.0)
+
+
+def test_projection_carries_the_compute_bound():
+  """project(): multiply-adds per token projected like the bytes (the
+  blocks'), at the peaks measured; the bound, the larger of the two."""
+  result = dict(n_blocks=2, ms_per_block=1.0, ms_no_blocks=3.0,
+                ms_per_token=5.0, bytes_per_token=3e6, bytes_per_block=1e6,
+                bandwidth_gbps=1.0,
+                macs_per_token={'int8': 3e9, 'float': 1e9},
+                macs_per_block={'int8': 1e9, 'float': 0.0},
+                peak_macs={'int8': 1e12, 'float32': 1e11})
+  benchmark.project(result, 10)
+  # Bytes: 1 MB + 10 MB at 1 GB/s = 11 ms; int8: (1 + 10) G MACs at 1 T/s
+  # = 11 ms, float: 1 G at 100 G/s = 10 ms: 21 ms.
+  assert result['projected_bytes_bound_ms_per_token'] == pytest.approx(11.0)
+  assert result['projected_compute_bound_ms_per_token'] == pytest.approx(21.0)
+  assert result['projected_bound_ms_per_token'] == pytest.approx(21.0)

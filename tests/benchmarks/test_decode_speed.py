@@ -133,13 +133,45 @@ def test_each_model_is_bounded_by_the_bandwidth_of_its_own_rounds():
   assert b['bandwidth_gbps_rounds'] == [40.0, 50.0, 60.0]
   assert (a['bandwidth_gbps'], b['bandwidth_gbps']) == (20.0, 50.0)
   for result in (a, b):
-    assert result['bound_ms_per_token'] == pytest.approx(
+    assert result['bytes_bound_ms_per_token'] == pytest.approx(
         1e3 * result['bytes_per_token'] / (result['bandwidth_gbps'] * 1e9))
+    assert result['bound_ms_per_token'] == max(
+        result['bytes_bound_ms_per_token'],
+        result.get('compute_bound_ms_per_token', 0.0))
   fresh = [decode_speed.ModelSpec('a', lm(n_layers=1), None, 1)]
   (plain,) = decode_speed.benchmark_all(fresh, tokens=2, prompt_len=3,
                                         repeats=1, bandwidth_gbps=99.0)
   assert plain['bandwidth_gbps'] == 99.0
   assert 'bandwidth_gbps_rounds' not in plain
+
+
+def test_compute_bound_is_the_steps_multiply_adds_at_the_probed_peaks():
+  """The peaks probed after each round (their median per kind) divide the
+  step's multiply-adds (`step_macs`, averaged over the timed positions);
+  peaks low enough make the compute bound the bound, per token and per
+  block (the model less its blocks)."""
+  rounds = iter([{'int8': 1e3, 'float32': 1e6}, {'int8': 3e3, 'float32': 3e6},
+                 {'int8': 2e3, 'float32': 2e6}])
+  spec = decode_speed.ModelSpec('a', lm(n_layers=2), lm(n_layers=0), 2)
+  (result,) = decode_speed.benchmark_all(
+      [spec], tokens=2, prompt_len=3, repeats=3, bandwidth_gbps=10.0,
+      peaks=lambda: next(rounds))
+  assert result['peak_macs'] == {'int8': 2e3, 'float32': 2e6}
+  macs = result['macs_per_token']
+  assert macs['int8'] == 0 and macs['float'] > 0  # float32 weights.
+  assert result['compute_bound_ms_per_token'] == pytest.approx(
+      1e3 * macs['float'] / 2e6)
+  assert result['bound_ms_per_token'] == result['compute_bound_ms_per_token']
+  assert result['bound_ms_per_token'] > result['bytes_bound_ms_per_token']
+  assert result['bound_ms_per_block'] == pytest.approx(
+      1e3 * result['macs_per_block']['float'] / 2e6)
+  # No probe (no kernels): the bytes bound alone.
+  fresh = decode_speed.ModelSpec('a', lm(n_layers=2), lm(n_layers=0), 2)
+  (plain,) = decode_speed.benchmark_all(
+      [fresh], tokens=2, prompt_len=3, repeats=1, bandwidth_gbps=10.0,
+      peaks=None)
+  assert 'compute_bound_ms_per_token' not in plain
+  assert plain['bound_ms_per_token'] == plain['bytes_bound_ms_per_token']
 
 
 def test_probe_keeps_its_matrices_until_closed(monkeypatch):

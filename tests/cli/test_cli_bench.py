@@ -152,8 +152,17 @@ def test_table_and_json(tmp_path, capsys):
     assert len(m['bandwidth_gbps_rounds']) == 2
     assert m['bandwidth_gbps'] == pytest.approx(
         np.median(m['bandwidth_gbps_rounds']))
-    assert m['bound_ms_per_token'] == pytest.approx(
+    assert m['bytes_bound_ms_per_token'] == pytest.approx(
         1e3 * m['bytes_per_token'] / (m['bandwidth_gbps'] * 1e9))
+    # The compute bound: the step's multiply-adds at the peaks probed after
+    # each round (their median); the bound, the larger of the two.
+    peaks = m['peak_macs']
+    assert m['compute_bound_ms_per_token'] == pytest.approx(
+        1e3 * (m['macs_per_token']['int8'] / peaks['int8']
+               + m['macs_per_token']['float'] / peaks['float32']))
+    assert m['macs_per_token']['float'] > 0
+    assert m['bound_ms_per_token'] == max(m['bytes_bound_ms_per_token'],
+                                          m['compute_bound_ms_per_token'])
     # The table shows the same numbers.
     row = rows[1 + models.index(m)].split()
     assert float(row[1]) == pytest.approx(m['ms_per_token'], abs=0.051)
@@ -183,7 +192,7 @@ def test_table_and_json(tmp_path, capsys):
     assert m['speedup_vs_dense_bound'] == pytest.approx(
         dense['bound_ms_per_token'] / m['ms_per_token'])
     cells = row.split()
-    assert cells[10:12] == [f"{m['speedup_vs_dense']:.2f}x",
+    assert cells[11:13] == [f"{m['speedup_vs_dense']:.2f}x",
                             f"{m['speedup_vs_dense_bound']:.2f}x"]
   assert models[0]['speedup_vs_dense'] == 1.0
 
