@@ -677,31 +677,19 @@ TF_AVX2 float PeakFloatAvx2(int64_t n) {
   return sum;
 }
 
-float PeakFloatScalar(int64_t n) {
-  float acc[kPeakChains];
-  for (int j = 0; j < kPeakChains; ++j) acc[j] = j;
-  float w = 0.5f, x = 0.25f;
+// One multiply-add a chain and a round, not vectorized (T int32_t: the
+// scalar Q8 path's; float: the scalar float path's).
+template <typename T>
+T PeakScalar(int64_t n, T w, T x) {
+  T acc[kPeakChains];
+  for (int j = 0; j < kPeakChains; ++j) acc[j] = static_cast<T>(j);
   for (int64_t i = 0; i < n; ++i) {
-    asm volatile("" : "+x"(w), "+x"(x));
-    for (int j = 0; j < kPeakChains; ++j) acc[j] = std::fma(w, x, acc[j]);
+    asm volatile("" : "+g"(w), "+g"(x));
+    for (int j = 0; j < kPeakChains; ++j) acc[j] += w * x;
     asm volatile("" : "+m"(acc));
   }
-  float sum = 0.f;
-  for (float v : acc) sum += v;
-  return sum;
-}
-
-int64_t PeakScalar(int64_t n) {
-  int32_t acc[kPeakChains];
-  for (int j = 0; j < kPeakChains; ++j) acc[j] = j;
-  int32_t w = 3, x = 5;
-  for (int64_t i = 0; i < n; ++i) {
-    asm volatile("" : "+r"(w), "+r"(x));
-    for (int j = 0; j < kPeakChains; ++j) acc[j] += w * x;
-    asm volatile("" : "+m"(acc));  // One multiply-add each, not vectorized.
-  }
-  int64_t sum = 0;
-  for (int32_t v : acc) sum += v;
+  T sum = 0;
+  for (T v : acc) sum += v;
   return sum;
 }
 
@@ -734,48 +722,44 @@ double Q8ProductMacs(int64_t rows, int64_t K, int64_t N, int64_t repeats) {
   return median > 0 ? static_cast<double>(rows) * K * N / median : 0.0;
 }
 
-double Float32PeakMacs(Isa isa, int64_t iterations) {
-  int64_t per_iteration = 0;
+namespace {
+
+// Multiply-adds per second of run(iterations), `per_iteration` each; its
+// result is kept live so that the loop is not removed.
+template <typename Run>
+double PeakRate(Run run, int64_t iterations, int64_t per_iteration) {
+  static std::atomic<int64_t> g_sink{0};
   const auto start = std::chrono::steady_clock::now();
-  float sink = 0.f;
-  switch (isa) {
-    case Isa::kAvx512:
-      sink = PeakFloatAvx512(iterations), per_iteration = kPeakChains * 16;
-      break;
-    case Isa::kAvx2:
-      sink = PeakFloatAvx2(iterations), per_iteration = kPeakChains * 8;
-      break;
-    default:
-      sink = PeakFloatScalar(iterations), per_iteration = kPeakChains;
-  }
+  const auto result = run(iterations);
   const double seconds = std::chrono::duration<double>(
       std::chrono::steady_clock::now() - start).count();
-  static std::atomic<int64_t> g_sink{0};
-  g_sink.fetch_add(static_cast<int64_t>(sink), std::memory_order_relaxed);
+  g_sink.fetch_add(static_cast<int64_t>(result), std::memory_order_relaxed);
   return seconds > 0 ? static_cast<double>(iterations) * per_iteration / seconds
                      : 0.0;
 }
 
+}  // namespace
+
+double Float32PeakMacs(Isa isa, int64_t iterations) {
+  switch (isa) {
+    case Isa::kAvx512:
+      return PeakRate(PeakFloatAvx512, iterations, kPeakChains * 16);
+    case Isa::kAvx2: return PeakRate(PeakFloatAvx2, iterations, kPeakChains * 8);
+    default:
+      return PeakRate([](int64_t n) { return PeakScalar(n, 0.5f, 0.25f); },
+                      iterations, kPeakChains);
+  }
+}
+
 double Int8PeakMacs(GemvIsa isa, int64_t iterations) {
-  int64_t per_iteration = 0;
-  const auto start = std::chrono::steady_clock::now();
-  int64_t sink = 0;
   switch (isa) {
     case GemvIsa::kAvx512Vnni:
-      sink = PeakVnni(iterations), per_iteration = kPeakChains * 64;
-      break;
-    case GemvIsa::kAvx2:
-      sink = PeakAvx2(iterations), per_iteration = kPeakChains * 32;
-      break;
+      return PeakRate(PeakVnni, iterations, kPeakChains * 64);
+    case GemvIsa::kAvx2: return PeakRate(PeakAvx2, iterations, kPeakChains * 32);
     default:
-      sink = PeakScalar(iterations), per_iteration = kPeakChains;
+      return PeakRate([](int64_t n) { return PeakScalar<int32_t>(n, 3, 5); },
+                      iterations, kPeakChains);
   }
-  const double seconds = std::chrono::duration<double>(
-      std::chrono::steady_clock::now() - start).count();
-  static std::atomic<int64_t> g_sink{0};
-  g_sink.fetch_add(sink, std::memory_order_relaxed);  // Keeps the result live.
-  return seconds > 0 ? static_cast<double>(iterations) * per_iteration / seconds
-                     : 0.0;
 }
 
 }  // namespace terraformer::kernels
