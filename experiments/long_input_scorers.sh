@@ -5,8 +5,10 @@
 # paper bodies, a marker (one id past the text's vocabulary: base.gin's
 # fixed_marker) at the start of every 128-token section and inserted before
 # 16 text tokens; the target is those 16 tokens in input order. No queries,
-# no curriculum. Not yet shown to be learned at this budget (base.gin's
-# header: probes of full attention to step 2000).
+# no curriculum. Not learned at this budget: full attention stayed at the
+# unigram level to step 3000 from 64 tokens up (base.gin's header: the
+# probes, and what made the copy's output side learnable,
+# salient_pieces); do not run it as it stands.
 # The shallow encoder-decoder of App. C (gin/long_input/scorers/base.gin: 4
 # encoder layers, pooling after the second, 2 decoder layers, d_model 128;
 # the scorer reads the normalized stream, no decoder positions, one pooling
