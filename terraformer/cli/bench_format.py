@@ -401,8 +401,10 @@ def _compute(report):
   peaks = [r['peak_macs'] for r in report['models'] if r.get('peak_macs')]
   if not peaks:
     return "none (no kernels' peak probe, or a layer step_macs does not count)"
-  rate = lambda kind: '-'.join(sorted({f'{p[kind] / 1e9:.0f}' for p in peaks},
-                                      key=float))
+  def rate(kind):
+    low, high = (f'{f(p[kind] for p in peaks) / 1e9:.0f}' for f in (min, max))
+    return low if low == high else f'{low}-{high}'
+
   return ('int8 multiply-adds per token / the int8 peak + float ones / the '
           f"float32 peak (probed between rounds: {rate('int8')} and "
           f"{rate('float32')} G/s)")

@@ -94,7 +94,7 @@ def _composite_class(layer, attention, block):
   if name == composites.NORM_BRANCH:
     return KernelNormSerial if runs_as_one_call(layer) else None
   if name == composites.TERRAFORMER_DECODER:
-    return KernelReversibleSerial if block else None
+    return KernelReversibleSerial if block and parts else None
   return None  # Read by the classes above (block_layers).
 
 

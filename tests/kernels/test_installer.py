@@ -67,6 +67,32 @@ def test_a_marked_layer_that_is_not_its_composition_stops_the_install(
   assert type(model.sublayers[0]) is SparseFF  # pylint: disable=unidiomatic-typecheck
 
 
+def test_a_terraformer_without_decoder_blocks_installs_and_decodes():
+  """The model a benchmark times for its per-block figures (no decoder
+  blocks): its empty decoder stack is a stack of no blocks, left as it is
+  (nothing to fuse); the rest becomes kernel layers."""
+  model = Terraformer(
+      input_vocab_size=96, d_model=64, d_ff=128, n_heads=4,
+      n_encoder_layers=0, n_decoder_layers=0, dropout=0.0, max_len=64,
+      ff_sparsity=8, d_lowrank=4, loss_sparsity=4, d_sru=8,
+      encoder_attention_type='full', decoder_attention_type='full',
+      predict_mem_len=64, mode='predict')
+  counts = _installed(model)
+  assert counts['KernelReversibleSerial'] == 0
+  assert counts['KernelMultiplicativeDense'] == 1  # The sparse loss.
+  decoders = []
+
+  def walk(layer):
+    if composites.name_of(layer) == composites.TERRAFORMER_DECODER:
+      decoders.append(layer)
+    for sub in layer.sublayers:
+      walk(sub)
+
+  walk(model)
+  assert [type(d) for d in decoders] == [rev.ReversibleSerial]
+  assert compositions.terraformer_decoder(decoders[0]) == []
+
+
 def test_a_name_is_one_of_the_compositions():
   with pytest.raises(ValueError, match='not a composite name'):
     composites.mark(tl.Serial(), 'sparse_qvk')
