@@ -401,6 +401,7 @@ def _compute(report):
   peaks = [r['peak_macs'] for r in report['models'] if r.get('peak_macs')]
   if not peaks:
     return "none (no kernels' peak probe, or a layer step_macs does not count)"
+
   def rate(kind):
     low, high = (f'{f(p[kind] for p in peaks) / 1e9:.0f}' for f in (min, max))
     return low if low == high else f'{low}-{high}'
