@@ -59,10 +59,10 @@ void Q8Matmul(ffi::ThreadPool* pool, const float* x, int64_t T,
 double Q8ProductMacs(int64_t rows, int64_t K, int64_t N, int64_t repeats);
 
 // Multiply-adds per second of `isa`'s int8 product instruction on the
-// calling thread, `iterations` rounds of registers-only work (q8_gemv.cc).
+// calling thread, `iterations` rounds of registers-only work (peaks.cc).
 double Int8PeakMacs(GemvIsa isa, int64_t iterations);
 
-// The same for `isa`'s float32 FMA (q8_gemv.cc).
+// The same for `isa`'s float32 FMA (peaks.cc).
 double Float32PeakMacs(Isa isa, int64_t iterations);
 
 }  // namespace terraformer::kernels

@@ -604,97 +604,7 @@ void Q8Matmul(ffi::ThreadPool* pool, const float* x, int64_t T,
   });
 }
 
-// ---------------------------------------------------------------------------
-// The peak int8 multiply-add rate of each path's instruction, one thread:
-// kPeakChains independent accumulations (more than an instruction's latency
-// times its issue rate, so none waits on its own result), registers only.
-// VNNI: vpdpbusd, 64 multiply-adds; AVX2: maddubs, madd, add, 32; scalar:
-// one int32 multiply-add. And float32's FMA: 16, 8 or 1 multiply-adds. A
-// step's compute bound divides its multiply-adds by them.
-
-namespace {
-
-constexpr int kPeakChains = 16;
-
-TF_VNNI int64_t PeakVnni(int64_t n) {
-  __m512i acc[kPeakChains];
-  for (int j = 0; j < kPeakChains; ++j) acc[j] = _mm512_set1_epi32(j);
-  __m512i w = _mm512_set1_epi8(3), x = _mm512_set1_epi32(0x01020304);
-  for (int64_t i = 0; i < n; ++i) {
-    // Opaque operands: the loop is not folded or hoisted.
-    asm volatile("" : "+v"(w), "+v"(x));
-    for (int j = 0; j < kPeakChains; ++j) acc[j] = _mm512_dpbusd_epi32(acc[j], w, x);
-  }
-  for (int j = 1; j < kPeakChains; ++j) acc[0] = _mm512_add_epi32(acc[0], acc[j]);
-  return _mm512_reduce_add_epi32(acc[0]);
-}
-
-TF_AVX2 int64_t PeakAvx2(int64_t n) {
-  __m256i acc[kPeakChains];
-  for (int j = 0; j < kPeakChains; ++j) acc[j] = _mm256_set1_epi32(j);
-  __m256i w = _mm256_set1_epi8(3), x = _mm256_set1_epi32(0x01020304);
-  const __m256i ones = _mm256_set1_epi16(1);
-  for (int64_t i = 0; i < n; ++i) {
-    asm volatile("" : "+x"(w), "+x"(x));
-    for (int j = 0; j < kPeakChains; ++j) {
-      acc[j] = _mm256_add_epi32(
-          acc[j], _mm256_madd_epi16(_mm256_maddubs_epi16(w, x), ones));
-    }
-  }
-  for (int j = 1; j < kPeakChains; ++j) acc[0] = _mm256_add_epi32(acc[0], acc[j]);
-  alignas(32) int32_t lanes[8];
-  _mm256_store_si256(reinterpret_cast<__m256i*>(lanes), acc[0]);
-  int64_t sum = 0;
-  for (int32_t v : lanes) sum += v;
-  return sum;
-}
-
-TF_AVX512 float PeakFloatAvx512(int64_t n) {
-  __m512 acc[kPeakChains];
-  for (int j = 0; j < kPeakChains; ++j) acc[j] = _mm512_set1_ps(j);
-  __m512 w = _mm512_set1_ps(0.5f), x = _mm512_set1_ps(0.25f);
-  for (int64_t i = 0; i < n; ++i) {
-    asm volatile("" : "+v"(w), "+v"(x));
-    for (int j = 0; j < kPeakChains; ++j) acc[j] = _mm512_fmadd_ps(w, x, acc[j]);
-  }
-  for (int j = 1; j < kPeakChains; ++j) acc[0] = _mm512_add_ps(acc[0], acc[j]);
-  return _mm512_reduce_add_ps(acc[0]);
-}
-
-TF_AVX2 float PeakFloatAvx2(int64_t n) {
-  __m256 acc[kPeakChains];
-  for (int j = 0; j < kPeakChains; ++j) acc[j] = _mm256_set1_ps(j);
-  __m256 w = _mm256_set1_ps(0.5f), x = _mm256_set1_ps(0.25f);
-  for (int64_t i = 0; i < n; ++i) {
-    asm volatile("" : "+x"(w), "+x"(x));
-    for (int j = 0; j < kPeakChains; ++j) acc[j] = _mm256_fmadd_ps(w, x, acc[j]);
-  }
-  for (int j = 1; j < kPeakChains; ++j) acc[0] = _mm256_add_ps(acc[0], acc[j]);
-  alignas(32) float lanes[8];
-  _mm256_store_ps(lanes, acc[0]);
-  float sum = 0.f;
-  for (float v : lanes) sum += v;
-  return sum;
-}
-
-// One multiply-add a chain and a round, not vectorized (T int32_t: the
-// scalar Q8 path's; float: the scalar float path's).
-template <typename T>
-T PeakScalar(int64_t n, T w, T x) {
-  T acc[kPeakChains];
-  for (int j = 0; j < kPeakChains; ++j) acc[j] = static_cast<T>(j);
-  for (int64_t i = 0; i < n; ++i) {
-    asm volatile("" : "+g"(w), "+g"(x));
-    for (int j = 0; j < kPeakChains; ++j) acc[j] += w * x;
-    asm volatile("" : "+m"(acc));
-  }
-  T sum = 0;
-  for (T v : acc) sum += v;
-  return sum;
-}
-
-}  // namespace
-
+// The Q8 product alone, timed on the calling thread (gemv.h).
 double Q8ProductMacs(int64_t rows, int64_t K, int64_t N, int64_t repeats) {
   const GemvIsa isa = CurrentGemvIsa();
   const int64_t kp = (K + kQ8Block - 1) / kQ8Block * kQ8Block;
@@ -720,46 +630,6 @@ double Q8ProductMacs(int64_t rows, int64_t K, int64_t N, int64_t repeats) {
                    seconds.end());
   const double median = seconds[seconds.size() / 2];
   return median > 0 ? static_cast<double>(rows) * K * N / median : 0.0;
-}
-
-namespace {
-
-// Multiply-adds per second of run(iterations), `per_iteration` each; its
-// result is kept live so that the loop is not removed.
-template <typename Run>
-double PeakRate(Run run, int64_t iterations, int64_t per_iteration) {
-  static std::atomic<int64_t> g_sink{0};
-  const auto start = std::chrono::steady_clock::now();
-  const auto result = run(iterations);
-  const double seconds = std::chrono::duration<double>(
-      std::chrono::steady_clock::now() - start).count();
-  g_sink.fetch_add(static_cast<int64_t>(result), std::memory_order_relaxed);
-  return seconds > 0 ? static_cast<double>(iterations) * per_iteration / seconds
-                     : 0.0;
-}
-
-}  // namespace
-
-double Float32PeakMacs(Isa isa, int64_t iterations) {
-  switch (isa) {
-    case Isa::kAvx512:
-      return PeakRate(PeakFloatAvx512, iterations, kPeakChains * 16);
-    case Isa::kAvx2: return PeakRate(PeakFloatAvx2, iterations, kPeakChains * 8);
-    default:
-      return PeakRate([](int64_t n) { return PeakScalar(n, 0.5f, 0.25f); },
-                      iterations, kPeakChains);
-  }
-}
-
-double Int8PeakMacs(GemvIsa isa, int64_t iterations) {
-  switch (isa) {
-    case GemvIsa::kAvx512Vnni:
-      return PeakRate(PeakVnni, iterations, kPeakChains * 64);
-    case GemvIsa::kAvx2: return PeakRate(PeakAvx2, iterations, kPeakChains * 32);
-    default:
-      return PeakRate([](int64_t n) { return PeakScalar<int32_t>(n, 3, 5); },
-                      iterations, kPeakChains);
-  }
 }
 
 }  // namespace terraformer::kernels
