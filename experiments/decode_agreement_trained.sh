@@ -10,15 +10,23 @@
 # (Terraformer.decoder_attention_type = 'full'), the attention whose 'q8'
 # step makes a decoder block one kernel call (tf_terraformer_block), each
 # variant against XLA float32 of that model.
+# Quality as 8-bit CPU runtimes report it (`terraformer-bench --quality`):
+# every path teacher-forced on the reference abstracts of the 27 test papers
+# (inputs 512 tokens, targets cut to 128 as in training): log-perplexity of
+# the references, mean KL divergence to XLA float32's next-token
+# distributions, share of positions with its top token; with LSH and with
+# full decoder attention.
 #
-# Cost: about 0.15 core-hours on the 2-core CPU (the training ~6 minutes, the
-# agreement ~3); any machine (nothing timed; run it on one core: taskset -c 1).
-# Short version (3 training steps, 4 tokens; no results file):
+# Cost: about 0.3 core-hours on the 2-core CPU (the training ~8 minutes, the
+# agreement ~3, the quality ~8); any machine (nothing timed; run it on one
+# core: taskset -c 1).
+# Short version (3 training steps, 4 tokens, 2 papers; no results file):
 #   SHORT=1 bash experiments/decode_agreement_trained.sh
 # Writes OUT/main/finetune (the checkpoint), OUT/paper.txt,
-# OUT/agreement{,_full}.{txt,json} and results/decode_agreement_trained.json
-# (tables variants, variants_full). Rerunning resumes
-# the training and reuses OUT/agreement.txt (delete it to rerun).
+# OUT/agreement{,_full}.{txt,json}, OUT/quality{,_full}.{txt,json} and
+# results/decode_agreement_trained.json (tables variants, variants_full,
+# quality, quality_full). Rerunning resumes the training and reuses
+# OUT/agreement.txt and OUT/quality.txt (delete them to rerun).
 #   bash experiments/decode_agreement_trained.sh [OUT]
 #   (OUT: runs/experiments/decode_agreement_trained)
 NAME=decode_agreement_trained
@@ -26,9 +34,11 @@ source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
 tokens=64
 train_args=()
+papers=()
 if [[ -n "$SHORT" ]]; then
   tokens=4
   train_args=(--steps=3)
+  papers=(--max_examples=2)
 fi
 banner "the main job's training -> $out/main/finetune"
 OUTPUT_DIR="$out/main" STAGES=finetune bash scripts/main.sh ${train_args[@]+"${train_args[@]}"}
@@ -67,6 +77,41 @@ tabulate agreement variants_full "$out/agreement_full.json" "${columns[@]}" \
   --label=finetune+ffi_q8='kernels, Q8 weights (a block per call)' \
   --label=finetune+xla_q8='XLA, Q8 weights' \
   --figure=block_q8_agreement="kernels, Q8 weights (a block per call):greedy agreement ($tokens tokens)"
-record --caption=variants_full="The same weights decoded with full decoder attention instead of LSH (Terraformer.decoder_attention_type = 'full': the attention of the 17B Terraformer, whose 'q8' decoder blocks are one tf_terraformer_block call each), every decode path fed that model's XLA float32 greedy tokens." \
+# quality FILE VARIANTS [ARGS...]: every variant vs XLA float32, teacher-
+# forced on the test papers' abstracts -> $out/FILE.{txt,json}.
+quality() {
+  local file=$1 variants=$2
+  shift 2
+  into "$out/$file.txt" .venv/bin/terraformer-bench --quality \
+    --checkpoint="$out/main/finetune" --config_file=gin/main/finetune.gin \
+    "$@" --variants="$variants" --split=test ${papers[@]+"${papers[@]}"} \
+    --json="$out/$file.json"
+}
+quality_columns=(--columns='model,log-perplexity,delta vs the first,mean KL vs the first,same top token'
+                 --rename='model=decode path')
+banner "quality: every path teacher-forced on the test papers' abstracts"
+quality quality xla,ffi,ffi:bfloat16,ffi:int8,ffi:q8,xla:q8
+tabulate quality quality "$out/quality.json" "${quality_columns[@]}" \
+  --label=finetune+xla='XLA, float32 (reference)' \
+  --label=finetune+ffi='kernels, float32' \
+  --label=finetune+ffi_bfloat16='kernels, bf16 weights' \
+  --label=finetune+ffi_int8='kernels, int8 weights' \
+  --label=finetune+ffi_q8='kernels, Q8 weights' \
+  --label=finetune+xla_q8='XLA, Q8 weights' \
+  --figure=q8_log_perplexity_delta='kernels, Q8 weights:delta vs the first' \
+  --figure=q8_mean_kl='kernels, Q8 weights:mean KL vs the first' \
+  --figure=q8_same_top_token='kernels, Q8 weights:same top token'
+banner "quality with full decoder attention"
+quality quality_full xla,ffi,ffi:q8,xla:q8 \
+  --config="Terraformer.decoder_attention_type='full'"
+tabulate quality quality_full "$out/quality_full.json" "${quality_columns[@]}" \
+  --label=finetune+xla='XLA, float32 (reference)' \
+  --label=finetune+ffi='kernels, float32' \
+  --label=finetune+ffi_q8='kernels, Q8 weights (a block per call)' \
+  --label=finetune+xla_q8='XLA, Q8 weights' \
+  --figure=block_q8_log_perplexity_delta='kernels, Q8 weights (a block per call):delta vs the first'
+record --caption=quality="Quality as 8-bit CPU runtimes report it: the main job's model teacher-forced on the reference abstracts of the 27 test papers (inputs 512 tokens, targets cut to 128 as in training; terraformer-bench --quality), every decode path's log-perplexity of the references (nats per token) and, against XLA float32, its change, the mean KL divergence KL(float32 || path) of the next-token distributions (nats per position) and the share of positions with float32's top token." \
+  --caption=quality_full="The same with full decoder attention (Terraformer.decoder_attention_type = 'full'), each path against that model's XLA float32." \
+  --caption=variants_full="The same weights decoded with full decoder attention instead of LSH (Terraformer.decoder_attention_type = 'full': the attention of the 17B Terraformer, whose 'q8' decoder blocks are one tf_terraformer_block call each), every decode path fed that model's XLA float32 greedy tokens." \
   --caption=variants="The main job's model (1.14M parameters, 400 steps body -> abstract), every decode path fed the XLA float32 model's 64 greedy tokens for the first test paper's opening (512 tokens)."
 banner done "outputs in $out"

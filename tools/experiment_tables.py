@@ -197,6 +197,8 @@ TABLES = {
                           'terraformer-bench --trax_user_path --json'),
     'agreement': CliTable('agreement', _one_table,
                           'terraformer-bench --agreement --json'),
+    'quality': CliTable('quality', _one_table,
+                        'terraformer-bench --quality --json'),
     'xla_ops': CliTable('xla_ops', _one_table,
                         'terraformer-bench --xla_ops --json'),
     'profile': CliTable('profile', _one_table,

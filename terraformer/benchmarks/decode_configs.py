@@ -455,6 +455,34 @@ def prompt_tokens(path, prompt_len, encoder_decoder):
   return ids[:prompt_len]
 
 
+def _float32_timer(mode, name, config, parse, tokens, prompt_len, seed, log,
+                   checkpoint=None, prompt_of=None):
+  """(DecodeTimer, checkpoint step, noise) of one configuration decoding
+  the run's float32 weights: `weight_factory.random_weights(seed)`, or with
+  `checkpoint` a trained checkpoint's (an `output_dir` of terraformer-train,
+  loaded and checked as terraformer-decode loads it), in its own decode
+  storage (`bench_weights.noise` perturbs them); `prompt_of(model)` gives
+  its prompt (None: random ids)."""
+  parse(config, [])
+  spec = spec_from_gin(name)
+  if weight_factory.weights_created(spec.model) != 'float32':
+    raise errors.TerraformerError(
+        f"{mode}: {name} sets bench_weights.created = 'stored': "
+        'its weights would not be the float32 weights of the others')
+  _check_length(name, spec.model, tokens, prompt_len)
+  prompt = prompt_of(spec.model) if prompt_of else None
+  weights, step = None, None
+  if checkpoint:
+    log(f'{mode[2:]}: {name}: weights of {checkpoint}')
+    weights, step = loading_model.load_weights(
+        spec.model, checkpoint,
+        decode_step.predict_signature(spec.model, prompt_len))
+  log(f'{mode[2:]}: {name}...')
+  timer = decode_speed.DecodeTimer(spec.model, tokens, prompt_len, seed,
+                                   weights=weights, prompt=prompt)
+  return timer, step, weight_factory.weights_noise(spec.model)
+
+
 def agreement(configs, parse, tokens=32, prompt_len=16, seed=0, log=print,
               checkpoint=None, prompt_file=None):
   """Logits of each configuration against the first's, the same weights.
@@ -482,28 +510,18 @@ def agreement(configs, parse, tokens=32, prompt_len=16, seed=0, log=print,
     (`bench_weights.noise`).
   """
   results, reference, prompt = [], None, None
-  for name, config in configs:
-    parse(config, [])
-    spec = spec_from_gin(name)
-    if weight_factory.weights_created(spec.model) != 'float32':
-      raise errors.TerraformerError(
-          f"--agreement: {name} sets bench_weights.created = 'stored': "
-          'its weights would not be the float32 weights of the others')
-    _check_length(name, spec.model, tokens, prompt_len)
+
+  def prompt_of(model):
+    nonlocal prompt
     if prompt_file and prompt is None:
       prompt = prompt_tokens(prompt_file, prompt_len,
-                             decode_step.is_encoder_decoder(spec.model))
-    weights, step = None, None
-    if checkpoint:
-      log(f'agreement: {name}: weights of {checkpoint}')
-      weights, step = loading_model.load_weights(
-          spec.model, checkpoint,
-          decode_step.predict_signature(spec.model, prompt_len))
-    log(f'agreement: {name}...')
-    timer = decode_speed.DecodeTimer(spec.model, tokens, prompt_len, seed,
-                                     weights=weights, prompt=prompt)
-    noise = weight_factory.weights_noise(spec.model)
-    del spec, weights
+                             decode_step.is_encoder_decoder(model))
+    return prompt
+
+  for name, config in configs:
+    timer, step, noise = _float32_timer(
+        '--agreement', name, config, parse, tokens, prompt_len, seed, log,
+        checkpoint, prompt_of)
     logits, own = timer.logits(None if reference is None else reference[1])
     path, prompt_ids = timer.decode_path, np.asarray(timer.prompt)[0]
     timer.close()
@@ -525,6 +543,116 @@ def agreement(configs, parse, tokens=32, prompt_len=16, seed=0, log=print,
         'min_top2_margin': float((top2[:, 1] - top2[:, 0]).min()),
         'tokens': tokens, 'prompt': prompt_file or 'random',
         'prompt_ids': [int(t) for t in prompt_ids],
+        'checkpoint': checkpoint, 'checkpoint_step': step, 'noise': noise})
+  return results
+
+
+def reference_pairs(split, max_examples=None):
+  """(inputs, targets) token lists of a split's (article, abstract) pairs
+  as the config's summarization stream makes them (`summarization_stream`:
+  ids + EOS, cut to its input_len / target_len; inputs zero-padded), read
+  with `terraformer.data.summarization_pairs` (gin: its source, e.g. the
+  offline aclsum papers)."""
+  from terraformer.data import summarization  # pylint: disable=g-import-not-at-top
+  input_len, target_len = loading_vocab.training_lengths()
+  if not input_len or not target_len:
+    raise errors.TerraformerError(
+        '--quality: the config binds no input_len / target_len of a '
+        'summarization stream')
+  try:
+    vocab = loading_vocab.text_vocab()
+  except (ValueError, TypeError) as e:  # text_vocab.vocab_size not bound.
+    raise errors.TerraformerError(
+        f'--quality: the config has no text vocab ({e})') from None
+  pairs = []
+  for article, abstract in summarization.summarization_pairs(
+      split=split, n_examples=max_examples):
+    ids, _ = loading_vocab.encode_input(vocab, article, input_len)
+    target = (list(vocab.encode(abstract)) + [vocab.eos_id])[:target_len]
+    pairs.append((ids + [0] * (input_len - len(ids)), target))
+  return pairs
+
+
+def _log_softmax(logits):
+  logits = np.asarray(logits, np.float64)
+  shifted = logits - logits.max(axis=-1, keepdims=True)
+  return shifted - np.log(np.exp(shifted).sum(axis=-1, keepdims=True))
+
+
+def quality(configs, parse, split='test', max_examples=None, seed=0,
+            log=print, checkpoint=None):
+  """Teacher-forced quality of each configuration's decode path against the
+  first's, the same weights, over the reference targets of a split.
+
+  Every model decodes the same float32 weights (random, or `checkpoint`'s;
+  as `agreement`) in its own decode storage, teacher-forced on each
+  example's reference target (`reference_pairs`: the abstract after its
+  article, as the training data made them); row t of `DecodeTimer.
+  forced_logits` predicts target token t. Over all target positions of all
+  examples (EOS included, as the eval's weighted loss counts them): the
+  mean negative log-likelihood of the reference token (the eval's
+  log-perplexity, nats per token), the share of positions whose top token
+  is the reference token (accuracy), and against the first model the mean
+  KL divergence KL(first || this) of the next-token distributions (nats),
+  the share of positions with the first's top token and the largest
+  |delta logit|: what 8-bit runtimes report of a quantized model.
+  Encoder-decoder models only (an article and its abstract).
+
+  Returns:
+    list of dicts: name, config, decode_path, log_perplexity,
+    log_perplexity_delta (minus the first's), accuracy, mean_kl,
+    same_top_token, max_abs_logit_delta, positions, examples, split,
+    input_len, target_len, checkpoint, checkpoint_step, noise.
+  """
+  pairs, results, reference = None, [], []
+  for index, (name, config) in enumerate(configs):
+    parse(config, [])
+    if pairs is None:
+      pairs = reference_pairs(split, max_examples)
+      if not pairs:
+        raise errors.TerraformerError(f'--quality: split {split!r} is empty')
+    input_len = len(pairs[0][0])
+    target_len = max(len(t) for _, t in pairs)
+
+    def prompt_of(model, name=name):
+      if not decode_step.is_encoder_decoder(model):
+        raise errors.TerraformerError(
+            f'--quality: {name} is not an encoder-decoder model')
+      return pairs[0][0]
+
+    timer, step, noise = _float32_timer(
+        '--quality', name, config, parse, target_len, input_len, seed, log,
+        checkpoint, prompt_of)
+    nll, hits, kl, same, delta = [], [], [], [], 0.0
+    for i, (inputs, targets) in enumerate(pairs):
+      logits = timer.forced_logits(targets, prompt=inputs)
+      logp = _log_softmax(logits)
+      top = logp.argmax(axis=-1)
+      nll.append(-logp[np.arange(len(targets)), targets])
+      hits.append(top == np.asarray(targets))
+      if index == 0:
+        reference.append((logits, logp, top))
+      ref_logits, ref_logp, ref_top = reference[i]
+      kl.append((np.exp(ref_logp) * (ref_logp - logp)).sum(axis=-1))
+      same.append(top == ref_top)
+      delta = max(delta, float(np.abs(logits - ref_logits).max()))
+    path = timer.decode_path
+    timer.close()
+    del timer
+    gc.collect()
+    log_ppl = float(np.concatenate(nll).mean())
+    results.append({
+        'name': name, 'config': config, 'decode_path': path,
+        'log_perplexity': log_ppl,
+        'log_perplexity_delta': (log_ppl - results[0]['log_perplexity']
+                                 if results else 0.0),
+        'accuracy': float(np.concatenate(hits).mean()),
+        'mean_kl': float(np.concatenate(kl).mean()),
+        'same_top_token': float(np.concatenate(same).mean()),
+        'max_abs_logit_delta': delta,
+        'positions': int(sum(len(t) for _, t in pairs)),
+        'examples': len(pairs), 'split': split,
+        'input_len': input_len, 'target_len': target_len,
         'checkpoint': checkpoint, 'checkpoint_step': step, 'noise': noise})
   return results
 

@@ -312,6 +312,34 @@ class DecodeTimer:
                  else _greedy(last))
     return np.stack(rows), own
 
+  def forced_logits(self, targets, prompt=None):
+    """Logits [len(targets), vocab] float32 of a teacher-forced decode.
+
+    Row t predicts targets[t] from the prompt and targets[:t], as training's
+    shifted decoder input (0, targets[0], ...) predicts it: an
+    encoder-decoder's first step feeds 0 beside the encoder input, an LM's
+    the prompt's last token. `prompt` (prompt_len token ids) replaces the
+    timer's prompt first (same shape: no recompilation).
+    """
+    if prompt is not None:
+      self.prompt = jnp.asarray(np.asarray(prompt, np.int32).reshape(
+          self.prompt.shape))
+    step, weights, rng = self._step, self.weights, self.rng
+    with _first_call_donation_quiet():
+      if self.encdec:
+        state = decode_step.zero_state(self.state_shapes)
+        token = jnp.zeros((1, 1), jnp.int32)
+      else:
+        state, token = self._prime()
+      rows = []
+      for target in targets:
+        x = (self.prompt, token) if self.encdec else token
+        outputs, state = step(x, weights, state, rng)
+        rows.append(np.asarray(_logits(outputs)[0, -1], np.float32))
+        token = jnp.asarray([[target]], jnp.int32)
+    del state
+    return np.stack(rows)
+
   def step_bytes(self):
     """(bytes by layer class, total): step_bytes averaged over the timed
     positions."""

@@ -7,6 +7,8 @@
   terraformer-bench --xla_ops --config_file=F [...]
   terraformer-bench --agreement --config_file=F --config_file=G [...]
       [--checkpoint=CKPT_DIR] [--prompt_file=TEXT] [--variants=V,...]
+  terraformer-bench --quality --config_file=F [...] --checkpoint=CKPT_DIR
+      [--variants=V,...] [--split=test] [--max_examples=N]
   terraformer-bench --profile_dir=DIR --config_file=F [...] [--tokens=N]
   terraformer-bench --sweep [--config_file=DENSE --config_file=SPARSE]
       [--sweep_d_models=512,1024,2048,4096] [--plot=PATH] [--json=PATH]
@@ -52,6 +54,14 @@ gin/bench/800m_*_kernels*.gin, `decode_options`) with bf16/int8/q8 weights
 against XLA float32. The weights are random, or with --checkpoint=CKPT_DIR
 those of a checkpoint terraformer-train wrote for the same config (loaded
 as terraformer-decode loads it); --prompt_file makes the prompt real text.
+--quality teacher-forces each model on the reference targets of a split's
+summarization pairs (article -> abstract, tokenized and cut as the
+config's summarization stream makes them; `summarization_pairs`' gin
+bindings choose the source) and reports what 8-bit CPU runtimes report of a
+quantized model: each model's log-perplexity of those targets (the eval's
+loss, nats per token) and, against the first model, the mean KL divergence
+of the next-token distributions and the share of positions with its top
+token (over every target position, not one greedy decode).
 The gin binding bench_weights.noise = R adds noise of R x each array's RMS
 to the weights: a model known to differ, to calibrate the check.
 The gin binding bench_weights.created = 'stored' makes each model's kernel
@@ -70,7 +80,7 @@ nothing is timed otherwise; its table lists --profile_operations operations
 per model. The benchmarks return numbers; the tables and the plot are made
 by terraformer/cli/bench_format.py. --json writes the report (a list of
 models becomes {"models": [...]}) with the machine and, under "tables", the
-tables printed (speed and memory, projection, agreement, xla_ops,
+tables printed (speed and memory, projection, agreement, quality, xla_ops,
 user_path, profile or sweep: {"columns", "rows"}).
 """
 import json
@@ -117,8 +127,19 @@ def _define_flags(flag_values):
                     '(same random weights): max |delta logit| and greedy '
                     'agreement over --tokens tokens.',
                     flag_values=flag_values)
+  flags.DEFINE_bool('quality', False,
+                    "Each model's teacher-forced log-perplexity of the "
+                    "reference targets of --split's summarization pairs, and "
+                    "the first model's mean KL divergence to it and share of "
+                    'the same top token.', flag_values=flag_values)
+  flags.DEFINE_string('split', 'test',
+                      'With --quality: the split of the pairs.',
+                      flag_values=flag_values)
+  flags.DEFINE_integer('max_examples', None,
+                       'With --quality: the first this many pairs (default: '
+                       'all).', lower_bound=1, flag_values=flag_values)
   flags.DEFINE_string('checkpoint', None,
-                      'With --agreement: every model decodes the weights of '
+                      'With --agreement or --quality: every model decodes the weights of '
                       'this checkpoint (an --output_dir of terraformer-train '
                       'of the same model config) instead of random ones.',
                       flag_values=flag_values)
@@ -260,11 +281,15 @@ def _bench(flag_values, model_files):
   taken = set()
   configs = [(model_name(files, taken), files) for files in model_files]
   configs = expand_variants(configs, flag_values.variants)
-  if ((flag_values.checkpoint or flag_values.prompt_file) and
-      not flag_values.agreement):
+  if flag_values.prompt_file and not flag_values.agreement:
     raise errors.TerraformerError(
-        '--checkpoint and --prompt_file go with --agreement (speed does '
-        'not depend on the weights)')
+        '--prompt_file goes with --agreement (--quality decodes the '
+        "split's inputs; speed does not depend on the prompt)")
+  if (flag_values.checkpoint and
+      not (flag_values.agreement or flag_values.quality)):
+    raise errors.TerraformerError(
+        '--checkpoint goes with --agreement or --quality (speed does not '
+        'depend on the weights)')
   if flag_values.sweep:
     try:
       d_models = [int(d) for d in flag_values.sweep_d_models]
@@ -310,6 +335,15 @@ def _bench(flag_values, model_files):
                                  prompt_file=flag_values.prompt_file)
     tables = {'agreement': bench_format.agreement_table(report)}
     print(bench_format.format_agreement(report))
+  elif flag_values.quality:
+    if len(configs) < 2:
+      raise errors.TerraformerError(
+          '--quality needs two or more models (the first is the reference)')
+    report = benchmark.quality(configs, parse, flag_values.split,
+                               flag_values.max_examples, flag_values.seed,
+                               log=_log, checkpoint=flag_values.checkpoint)
+    tables = {'quality': bench_format.quality_table(report)}
+    print(bench_format.format_quality(report))
   elif flag_values.xla_ops:
     if not configs:
       raise errors.TerraformerError('at least one --config_file is required')

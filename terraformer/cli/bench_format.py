@@ -273,6 +273,40 @@ def format_agreement(results):
   return '\n'.join(lines)
 
 
+def quality_table(results):
+  """`quality`'s rows: each decode path's log-perplexity of the reference
+  targets and, against the first model, its shift, mean KL divergence and
+  share of the same top token."""
+  columns = ['model', 'decode path', 'log-perplexity',
+             'delta vs the first', 'mean KL vs the first',
+             'same top token', 'accuracy']
+  rows = [[r['name'], r['decode_path'], f"{r['log_perplexity']:.4f}",
+           f"{r['log_perplexity_delta']:+.4f}", f"{r['mean_kl']:.2e}",
+           f"{r['same_top_token']:.4f}", f"{r['accuracy']:.4f}"]
+          for r in results]
+  return common.table(columns, rows)
+
+
+def format_quality(results):
+  """`quality`'s rows as a text table, and what they were measured on."""
+  first = results[0]
+  if first.get('checkpoint'):
+    weights = (f"the weights of {first['checkpoint']} (step "
+               f"{first['checkpoint_step']})")
+  else:
+    weights = 'the same random weights'
+  lines = [common.format_aligned(quality_table(results)),
+           f"teacher-forced on the reference targets of {first['examples']} "
+           f"{first['split']} examples ({first['positions']} positions, "
+           f"inputs of {first['input_len']} tokens), {weights}; KL(first || "
+           'model) in nats per position, log-perplexity in nats per token']
+  noisy = [f"{r['name']} {r['noise']:g}" for r in results if r.get('noise')]
+  if noisy:
+    lines.append('weights with noise (x RMS, bench_weights.noise): '
+                 + ', '.join(noisy))
+  return '\n'.join(lines)
+
+
 def xla_ops_table(results):
   """A row per model: XLA operations per decoder block, and by kind."""
   return common.table(['model', 'XLA ops/block', 'of which'], [

@@ -74,7 +74,12 @@ def test_split_config_files():
     (['--config_file={dense}', '--config_file={dense}', '--agreement',
       '--config=bench_weights.noise = -1'], ['bench_weights.noise must be']),
     (['--config_file={dense}', '--checkpoint={tmp}'],
-     ['--checkpoint and --prompt_file go with --agreement']),
+     ['--checkpoint goes with --agreement or --quality']),
+    (['--config_file={dense}', '--config_file={dense}', '--quality',
+      '--prompt_file={tmp}/p.txt'], ['--prompt_file goes with --agreement']),
+    (['--config_file={dense}', '--quality'], ['--quality needs two or more']),
+    (['--config_file={dense}', '--config_file={dense}', '--quality'],
+     ['--quality: the config binds no input_len / target_len']),
     (['--config_file={dense}', '--variants=ffi,gpu'],
      ["--variants: 'gpu' is not KERNELS[:WEIGHTS]"]),
     (['--config_file={dense}', '--variants=ffi:int4'], ["'ffi:int4'"]),
@@ -333,6 +338,64 @@ def test_agreement_sees_noisy_weights_and_reads_a_prompt_file(
                         f'--config_file={dense}', f'--config_file={dense}')
   assert code == 2
   _one_line_error(err, 'was it trained with this config?')
+
+
+def test_quality_is_the_training_eval_and_sees_noise(encdec_checkpoint,
+                                                     tmp_path, capsys):
+  """--quality's XLA float32 log-perplexity is the one terraformer-train's
+  eval printed for the same validation batch (Trax's training-mode model,
+  an oracle independent of the decode step); float32 kernels agree with it,
+  Q8 weights move it a little and noisy weights a lot."""
+  from terraformer.data import aclsum_papers  # pylint: disable=g-import-not-at-top
+  from terraformer.data import vocab as vocab_lib  # pylint: disable=g-import-not-at-top
+  import tiny_checkpoints  # pylint: disable=g-import-not-at-top
+  run, checkpoint, train_stdout = encdec_checkpoint
+  gin_file, bindings = run
+  noisy = tmp_path / 'noisy.gin'
+  noisy.write_text('bench_weights.noise = 0.5\n')
+  path = tmp_path / 'quality.json'
+  code, out, err = _run(
+      capsys, '--quality', f'--checkpoint={checkpoint}',
+      '--variants=xla,ffi,ffi:q8', f'--config_file={gin_file}',
+      f'--config_file={gin_file}+{noisy}',
+      *[f'--config={b}' for b in bindings], '--split=validation',
+      '--max_examples=2', f'--json={path}')
+  assert code == 0, err
+  report = json.loads(path.read_text())['models']
+  assert [r['name'] for r in report] == [
+      f'encdec_sparse{n}+{v}' for n in ('', '+noisy')
+      for v in ('xla', 'ffi', 'ffi_q8')]
+  xla, ffi, q8, noisy_xla = report[:4]
+  assert xla['log_perplexity'] == pytest.approx(
+      tiny_checkpoints.last_eval_log_perplexity(train_stdout), abs=1e-3)
+  # Every target position of both papers: the abstract's pieces + EOS, cut
+  # to the target length.
+  vocab = vocab_lib.get_vocab(2048)
+  papers = aclsum_papers.load_split('validation')[:2]
+  assert xla['positions'] == sum(
+      min(len(vocab.encode(p['abstract'].strip())) + 1,
+          tiny_checkpoints.TARGET_LEN) for p in papers)
+  assert (xla['examples'], xla['input_len']) == (
+      2, tiny_checkpoints.INPUT_LEN)
+  assert (xla['mean_kl'], xla['same_top_token'],
+          xla['max_abs_logit_delta']) == (0, 1, 0)
+  assert ffi['mean_kl'] < 1e-6
+  assert abs(ffi['log_perplexity_delta']) < 1e-4
+  assert 'q8 weights' in q8['decode_path']
+  assert 0 < q8['mean_kl'] < noisy_xla['mean_kl'] / 100
+  assert noisy_xla['same_top_token'] < 1
+  assert abs(noisy_xla['log_perplexity_delta']) > 100 * abs(
+      q8['log_perplexity_delta'])
+  for r in report:
+    assert r['log_perplexity_delta'] == pytest.approx(
+        r['log_perplexity'] - xla['log_perplexity'])
+  rows = out.splitlines()
+  assert rows[0].split()[:3] == ['model', 'decode', 'path']
+  assert rows[1].split()[-5:] == [f"{xla['log_perplexity']:.4f}", '+0.0000',
+                                  '0.00e+00', '1.0000',
+                                  f"{xla['accuracy']:.4f}"]
+  assert f'the weights of {checkpoint} (step 2)' in out
+  assert 'reference targets of 2 validation examples' in out
 
 
 def test_plot_sweep_writes_png(tmp_path):
