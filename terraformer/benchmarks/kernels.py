@@ -108,15 +108,15 @@ def layers_table(rows):
 
 def time_products(products, repeats):
   """Rows of `products_table`: each product (rows, K, N) on each Q8 path
-  this CPU has, the product alone on one thread (`kernels.q8_product_macs`,
-  the median of `repeats` calls) and its path's int8 peak
-  (`kernels.peak_macs`), measured one after the other."""
+  this CPU has (not the emulated ones), the product alone on one thread
+  (`kernels.q8_product_macs`, the median of `repeats` calls) and its path's
+  int8 peak (`kernels.peak_macs`), measured one after the other."""
   rows = []
   in_use = kernels.gemv_isa()
   try:
     for name in kernels.GEMV_ISA_NAMES:
-      if kernels.set_gemv_isa(name) != name:
-        continue  # This CPU lacks it.
+      if name in kernels.GEMV_EMULATED or kernels.set_gemv_isa(name) != name:
+        continue  # A test path, or one this CPU lacks.
       peak = kernels.peak_macs('int8')
       for product, shape in products.items():
         rate = kernels.q8_product_macs(*shape, repeats=repeats)

@@ -33,7 +33,9 @@ The fused kernels (the last five) take their operands by name: the names of
 
 The kernels pick their instruction set at run time: `set_isa` / the float
 kernels ('scalar', 'avx2', 'avx512'), `gemv_isa` / `set_gemv_isa` the Q8
-GEMV ('scalar', 'avx2', 'avx512vnni'). The environment variables
+GEMV ('scalar', 'avx2', 'avx512vnni', 'amx'; and 'amx-emulated', AMX's
+tile code with each tile instruction done in plain C++, which any CPU runs:
+how tests check that code without AMX). The environment variables
 TERRAFORMER_ISA and TERRAFORMER_GEMV_ISA, read when the library loads,
 force one too (a set the CPU lacks falls back to the best it has): how an
 AVX-512 host times the AVX2 paths.
@@ -53,7 +55,11 @@ from terraformer.kernels import operands as ops
 _HERE = os.path.dirname(os.path.abspath(__file__))
 _LIB_GLOB = '_decode_kernels*.so'
 ISA_NAMES = ('scalar', 'avx2', 'avx512')
-GEMV_ISA_NAMES = ('scalar', 'avx2', 'avx512vnni')
+# In the order of the C++ levels (isa.h, GemvIsa).
+GEMV_ISA_NAMES = ('scalar', 'avx2', 'avx512vnni', 'amx', 'amx-emulated')
+# Paths that emulate instructions in plain C++, for tests: any CPU has them,
+# and no benchmark times them.
+GEMV_EMULATED = ('amx-emulated',)
 ISA_ENV = 'TERRAFORMER_ISA'
 GEMV_ISA_ENV = 'TERRAFORMER_GEMV_ISA'
 
@@ -94,6 +100,10 @@ def _load():
     lib.tf_set_parallel_bytes.restype = ctypes.c_int64
     lib.tf_set_gemv_isa.argtypes = [ctypes.c_int]
     lib.tf_set_gemv_isa.restype = ctypes.c_int
+    lib.tf_best_gemv_isa.argtypes = []
+    lib.tf_best_gemv_isa.restype = ctypes.c_int
+    lib.tf_emulated_tdpbssd.argtypes = []
+    lib.tf_emulated_tdpbssd.restype = ctypes.c_int64
     for name in ('tf_int8_peak_macs', 'tf_f32_peak_macs'):
       if hasattr(lib, name):
         getattr(lib, name).argtypes = [ctypes.c_int64]
@@ -215,9 +225,9 @@ def set_isa(name=None):
 
 
 def set_gemv_isa(name=None):
-  """Instruction set of the Q8 GEMV (`q8_matmul`): 'scalar', 'avx2' or
-  'avx512vnni'; None keeps it. A set this CPU lacks falls back to the best
-  it has. Returns the one in use."""
+  """Instruction set of the Q8 GEMV (`q8_matmul`), one of GEMV_ISA_NAMES;
+  None keeps it. A set this CPU lacks falls back to the best it has
+  ('amx-emulated': every CPU has it). Returns the one in use."""
   lib = _load()
   if lib is None:
     raise RuntimeError(unavailable_reason())
@@ -226,9 +236,29 @@ def set_gemv_isa(name=None):
 
 
 def gemv_isa():
-  """The Q8 GEMV path the kernels take: 'avx512vnni' (vpdpbusd), 'avx2'
-  (maddubs + madd) or 'scalar'; None without the library."""
+  """The Q8 GEMV path the kernels take: 'amx' (tdpbssd for products of 16
+  rows or more, vpdpbusd for fewer), 'avx512vnni' (vpdpbusd), 'avx2'
+  (maddubs + madd), 'scalar' or 'amx-emulated'; None without the
+  library."""
   return set_gemv_isa() if available() else None
+
+
+def best_gemv_isa():
+  """The best Q8 GEMV path this CPU has (the one the library starts with
+  unless TERRAFORMER_GEMV_ISA says otherwise; never an emulated one)."""
+  lib = _load()
+  if lib is None:
+    raise RuntimeError(unavailable_reason())
+  return GEMV_ISA_NAMES[lib.tf_best_gemv_isa()]
+
+
+def emulated_tdpbssd():
+  """TDPBSSDs the emulated AMX tiles have run in this process (tests: the
+  'amx-emulated' path took its tile code)."""
+  lib = _load()
+  if lib is None:
+    raise RuntimeError(unavailable_reason())
+  return lib.tf_emulated_tdpbssd()
 
 
 def set_parallel_bytes(n_bytes=None):

@@ -14,7 +14,8 @@
 //     int8 weights repacked output-major AND int8 activations (quantized
 //     once per call, per block of 32 inputs, like llama.cpp's Q8_0):
 //     integer dot products (vpdpbusd, or maddubs + madd), the sums of 16
-//     outputs held in registers for the whole K loop. See "The Q8 GEMV".
+//     outputs held in registers for the whole K loop; on AMX, products of
+//     many rows in tiles (tdpbssd). See "The Q8 GEMV".
 //   tf_cache_attention: causal softmax attention of the step's queries over
 //     a key/value cache read in place, only its filled positions (no copy
 //     of a cache bucket, as slicing the cache for XLA's dots makes).
@@ -29,7 +30,7 @@
 // that precedes them in a block (NormRows).
 //
 // Vectorized with AVX-512 (F/BW/VL) or AVX2+FMA, chosen at run time with
-// __builtin_cpu_supports; plain loops otherwise (tf_q8_matmul: AVX-512
+// __builtin_cpu_supports; plain loops otherwise (tf_q8_matmul: AMX, AVX-512
 // VNNI, AVX2 or plain loops, chosen separately). Each function compiles
 // with its own target attribute, so one library runs on every x86-64.
 // Large products are split over XLA's intra-op thread pool (chunks taken
@@ -38,11 +39,13 @@
 //
 // One extension in files by job: isa.h/.cc (instruction sets, loads),
 // parallel.h (the thread pool), row_ops.h (single rows of weights),
-// matmul.cc and q8_gemv.cc (the products, gemv.h), operands.h/.cc (the
-// fused kernels' operands by name, their layouts and readers), steps.cc
-// and attention.cc (the per-op steps, steps.h), fused_blocks.cc (whole
-// blocks), and this file: the handlers' bindings to XLA's FFI and the
-// library's C entry points.
+// matmul.cc and q8_gemv.cc (the products, gemv.h; q8_amx.cc the Q8
+// products in AMX tiles, tiles.h the tiles, real or emulated), peaks.cc
+// (the instructions' peak rates), operands.h/.cc (the fused kernels'
+// operands by name, their layouts and readers), steps.cc and attention.cc
+// (the per-op steps, steps.h), fused_blocks.cc (whole blocks), and this
+// file: the handlers' bindings to XLA's FFI and the library's C entry
+// points.
 #include <algorithm>
 #include <map>
 #include <cstdint>
@@ -55,6 +58,7 @@
 #include "operands.h"
 #include "parallel.h"
 #include "steps.h"
+#include "tiles.h"
 #include "xla/ffi/api/ffi.h"
 
 namespace terraformer::kernels {
@@ -350,14 +354,22 @@ extern "C" int64_t tf_set_parallel_bytes(int64_t bytes) {
   return g_parallel_bytes.load();
 }
 
-// The Q8 GEMV's instruction set: 0 scalar, 1 AVX2, 2 AVX-512 VNNI. Setting
-// a level the CPU lacks keeps the best supported one. Returns the level now
-// in use.
+// The Q8 GEMV's instruction set: 0 scalar, 1 AVX2, 2 AVX-512 VNNI, 3 AMX,
+// 4 AMX's tile code emulated (any CPU). Setting one the CPU lacks sets the
+// best it has. Returns the one now in use.
 extern "C" int tf_set_gemv_isa(int level) {
-  int best = static_cast<int>(DetectGemvIsa());
-  if (level >= 0) g_gemv_isa.store(std::min(level, best));
+  if (level >= 0 && level <= static_cast<int>(GemvIsa::kAmxEmulated)) {
+    const GemvIsa want = static_cast<GemvIsa>(level);
+    g_gemv_isa.store(static_cast<int>(UsableGemvIsa(want)));
+  }
   return g_gemv_isa.load();
 }
+
+// The best Q8 GEMV path this CPU has (what the library starts with).
+extern "C" int tf_best_gemv_isa() { return static_cast<int>(DetectGemvIsa()); }
+
+// TDPBSSDs the emulated tiles have run in this process.
+extern "C" int64_t tf_emulated_tdpbssd() { return g_emulated_tdpbssd.load(); }
 
 // Multiply-adds per second of the Q8 path in use (tf_set_gemv_isa) on the
 // calling thread: its int8 instruction's peak over `iterations` rounds.

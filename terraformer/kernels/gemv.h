@@ -5,6 +5,7 @@
 #define TERRAFORMER_KERNELS_GEMV_H_
 
 #include <cstdint>
+#include <vector>
 
 #include "isa.h"
 #include "xla/ffi/api/ffi.h"
@@ -44,6 +45,29 @@ struct Q8Out {
   int64_t S, N;
   float* y;
 };
+
+// Rows of x g quantized (q8_gemv.cc): q [rows, kp] (zeros past K; on the
+// tile paths, zero rows up to a multiple of kQ8TileRows), block scales d
+// [rows, nb] and off [rows, nb] = -128 * the block's sum of q.
+struct Q8Act {
+  int64_t rows = 0, kp = 0, nb = 0;
+  std::vector<int8_t> q;
+  std::vector<float> d;
+  std::vector<int32_t> off;
+};
+
+// Rows of one AMX tile of activations (an A tile: 16 rows of one block).
+constexpr int64_t kQ8TileRows = 16;
+// Groups one pass of the tile path multiplies (two B tiles).
+constexpr int64_t kQ8TileGroups = 2;
+
+// Groups [g0, g1) times rows [row0, row1) of `a` in AMX tiles (q8_amx.cc):
+// `hardware`, AMX's instructions, else the emulated tiles (tiles.h). row0
+// is a multiple of kQ8TileRows and row1 one or a.rows (a whole tile of rows
+// is read from row0 on; the padding's sums are not stored).
+void Q8RangeTiles(bool hardware, const Q8Act& a, const int8_t* p,
+                  const Q8Out& o, int64_t g0, int64_t g1, int64_t row0,
+                  int64_t row1);
 
 // y = the Q8 product of x [T, K] g [S, K] (rows t*S + s) and P (n_groups
 // groups of kp inputs); g8 (int8 rows with one scale per row, g_scale [S])

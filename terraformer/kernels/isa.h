@@ -56,9 +56,10 @@ TF_AVX2 inline __m256 load8(const int8_t* p) {
   return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q));
 }
 
-// The instruction sets the kernels use, as this CPU has them.
+// The instruction sets the kernels use, as this CPU has them; amx:
+// AMX-TILE and AMX-INT8, enabled by the OS and granted to this process.
 struct CpuFeatures {
-  bool avx2, avx512, avx512_vnni;
+  bool avx2, avx512, avx512_vnni, amx;
 };
 
 CpuFeatures ProbeCpu();
@@ -73,11 +74,28 @@ extern std::atomic<int> g_isa;
 
 inline Isa CurrentIsa() { return static_cast<Isa>(g_isa.load()); }
 
-// The Q8 GEMV's paths (q8_gemv.cc).
-enum class GemvIsa { kScalar, kAvx2, kAvx512Vnni };
+// The Q8 GEMV's paths (q8_gemv.cc), in the order of GEMV_ISA_NAMES
+// (kernels/__init__.py). kAmx: AMX tiles (tdpbssd, q8_amx.cc) for the
+// products of kQ8ManyRows rows or more, the best vector path for the rest;
+// kAmxEmulated: the same tile code with each tile instruction done in
+// plain C++ (tiles.h), on any CPU: how tests check it where there is no AMX.
+enum class GemvIsa { kScalar, kAvx2, kAvx512Vnni, kAmx, kAmxEmulated };
 
-// The best Q8 GEMV path this CPU has.
+// The best Q8 GEMV path this CPU has (never the emulated one).
 GemvIsa DetectGemvIsa();
+
+// The path tf_set_gemv_isa sets for `want`: itself where this CPU has it
+// (the emulated tiles: always), else the best it has.
+GemvIsa UsableGemvIsa(GemvIsa want);
+
+inline bool IsTileGemv(GemvIsa isa) {
+  return isa == GemvIsa::kAmx || isa == GemvIsa::kAmxEmulated;
+}
+
+// The vector path under `isa`: itself, or for a tile path the best vector
+// path this CPU has (which quantizes the rows and multiplies the products
+// the tiles leave).
+GemvIsa VectorGemvIsa(GemvIsa isa);
 
 // Set by tf_set_gemv_isa (tests force the fallbacks); starts at the best.
 extern std::atomic<int> g_gemv_isa;

@@ -17,7 +17,11 @@
 // q = rint(v / d_b) in [-127, 127]. Then
 //   y[n] = w_scale[n] * sum_b d_b * (sum_{k in b} q[k] W[k, n]) (+ bias[n]),
 // the inner sums exact in int32 and the float steps the same FMAs in the
-// same order on every path: the three paths give the same bits.
+// same order on every path: all paths give the same bits.
+//
+// Paths (GemvIsa): AVX-512 VNNI, AVX2, plain loops, and AMX: the products
+// of kQ8ManyRows rows or more in tiles (tdpbssd, q8_amx.cc), the rest on
+// the VNNI path; its tile code also runs emulated (tiles.h) on any CPU.
 //
 // vpdpbusd multiplies unsigned by signed bytes: the weights enter as
 // w + 128 (w XOR 0x80) and each block's sum starts at -128 * sum_b q
@@ -51,15 +55,6 @@ constexpr int kQ8RowsAvx2 = 2;
 // would overflow).
 constexpr float kQ8Tiny = 1e-30f;
 
-
-// Rows of x g quantized: q [rows, kp] (zeros past K), block scales d
-// [rows, nb] and off [rows, nb] = -128 * the block's sum of q.
-struct Q8Act {
-  int64_t rows = 0, kp = 0, nb = 0;
-  std::vector<int8_t> q;
-  std::vector<float> d;
-  std::vector<int32_t> off;
-};
 
 inline float Q8Inverse(float amax, float* d) {
   if (!(amax >= kQ8Tiny)) {
@@ -548,9 +543,23 @@ void Q8RangeScalar(const Q8Act& a, const int8_t* p, const Q8Out& o,
 // 144 outputs) and a helper that starts late still finds work.
 constexpr int64_t kQ8ManyRows = 2 * kQ8RowsVnni;
 
-// Groups [g0, g1) times rows [row0, row1) of `a` on `isa`'s path.
+// The tile paths read whole tiles of rows: `a`'s rows zero-padded to a
+// multiple of kQ8TileRows (resize's new elements are zeros).
+void Q8PadRows(Q8Act* a) {
+  const int64_t tiles = (a->rows + kQ8TileRows - 1) / kQ8TileRows;
+  a->q.resize(tiles * kQ8TileRows * a->kp);
+}
+
+// Groups [g0, g1) times rows [row0, row1) of `a` on `isa`'s path; a tile
+// path's products of fewer than kQ8ManyRows rows take its vector path.
 void Q8Range(GemvIsa isa, const Q8Act& a, const int8_t* p, const Q8Out& o,
              int64_t g0, int64_t g1, int64_t row0, int64_t row1, bool many) {
+  if (IsTileGemv(isa)) {
+    if (many) {
+      return Q8RangeTiles(isa == GemvIsa::kAmx, a, p, o, g0, g1, row0, row1);
+    }
+    isa = VectorGemvIsa(isa);
+  }
   switch (isa) {
     case GemvIsa::kAvx512Vnni:
       return Q8RangeVnni(a, p, o, g0, g1, row0, row1, many);
@@ -575,22 +584,27 @@ void Q8Matmul(ffi::ThreadPool* pool, const float* x, int64_t T,
   // thread_local itself would find the helper thread's own).
   thread_local Q8Act caller_act;
   Q8Act& a = caller_act;
-  Q8Quantize(pool, isa, x, T, g, S, K, kp, &a, g8, g_scale);
+  Q8Quantize(pool, VectorGemvIsa(isa), x, T, g, S, K, kp, &a, g8, g_scale);
   // Multiply-adds: bytes of P times rows.
   const bool parallel =
       pool != nullptr && a.rows * n_groups * kQ8Rows * kp >= g_parallel_bytes.load();
   const bool many = a.rows >= kQ8ManyRows;
+  const bool tiles = many && IsTileGemv(isa);
+  if (tiles) Q8PadRows(&a);
   auto range = [&](int64_t g0, int64_t g1, int64_t row0, int64_t row1) {
     Q8Range(isa, a, p, o, g0, g1, row0, row1, many);
   };
   if (parallel && many) {
-    // Two parts of the rows, each a multiple of a register pass, times
-    // blocks of kQ8BlockGroups groups (the VNNI register block's).
-    const int64_t half = (a.rows / 2 + kQ8RowsVnni - 1) / kQ8RowsVnni * kQ8RowsVnni;
-    const int64_t blocks = (n_groups + kQ8BlockGroups - 1) / kQ8BlockGroups;
+    // Two parts of the rows, each a multiple of a pass (a register pass;
+    // a tile's rows), times blocks of groups (the VNNI register block's;
+    // a tile pass's).
+    const int64_t pass = tiles ? kQ8TileRows : kQ8RowsVnni;
+    const int64_t per_block = tiles ? kQ8TileGroups : kQ8BlockGroups;
+    const int64_t half = (a.rows / 2 + pass - 1) / pass * pass;
+    const int64_t blocks = (n_groups + per_block - 1) / per_block;
     ParallelFor(pool, 2 * blocks, [&](int64_t c) {
-      const int64_t g0 = c / 2 * kQ8BlockGroups;
-      const int64_t g1 = std::min<int64_t>(n_groups, g0 + kQ8BlockGroups);
+      const int64_t g0 = c / 2 * per_block;
+      const int64_t g1 = std::min<int64_t>(n_groups, g0 + per_block);
       if (c % 2 == 0) return range(g0, g1, 0, half);
       return range(g0, g1, half, a.rows);
     });
@@ -616,7 +630,9 @@ double Q8ProductMacs(int64_t rows, int64_t K, int64_t N, int64_t repeats) {
   std::vector<int8_t> p(n_groups * kQ8Rows * kp);
   for (int8_t& v : p) v = static_cast<int8_t>(next() % 255 - 127);
   Q8Act a;
-  Q8Quantize(nullptr, isa, x.data(), rows, g.data(), 1, K, kp, &a);
+  Q8Quantize(nullptr, VectorGemvIsa(isa), x.data(), rows, g.data(), 1, K, kp,
+             &a);
+  if (rows >= kQ8ManyRows && IsTileGemv(isa)) Q8PadRows(&a);
   const Q8Out o{w_scale.data(), nullptr, 1, N, y.data()};
   std::vector<double> seconds;
   for (int64_t i = 0; i <= repeats; ++i) {  // The first call warms up.

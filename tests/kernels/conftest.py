@@ -13,10 +13,10 @@ def split_every_product():
   kernels.set_parallel_bytes(before)
 
 
-def _isa_setter(set_isa, names, what):
+def _isa_setter(set_isa, best, what):
   """A fixture's body: `use(name)` sets an instruction set through
-  `set_isa` (skips if the CPU lacks it); the best of `names` is restored
-  afterwards."""
+  `set_isa` (skips if the CPU lacks it); `best` (the best set this CPU
+  has) is restored afterwards."""
   assert kernels.available(), kernels.unavailable_reason()
 
   def use(name):
@@ -25,14 +25,16 @@ def _isa_setter(set_isa, names, what):
       pytest.skip(f'this CPU lacks {name} ({what} uses {used})')
 
   yield use
-  set_isa(names[-1])
+  set_isa(best)
 
 
 @pytest.fixture
 def gemv_isa():
   """Sets the Q8 GEMV's instruction set (skips if the CPU lacks it);
-  restores the best one afterwards."""
-  yield from _isa_setter(kernels.set_gemv_isa, kernels.GEMV_ISA_NAMES,
+  restores the best one afterwards (`kernels.best_gemv_isa`: the last of
+  GEMV_ISA_NAMES is the emulated AMX path, which every CPU has)."""
+  assert kernels.available(), kernels.unavailable_reason()
+  yield from _isa_setter(kernels.set_gemv_isa, kernels.best_gemv_isa(),
                          'the Q8 GEMV')
 
 
@@ -40,5 +42,5 @@ def gemv_isa():
 def float_isa():
   """Sets the float kernels' instruction set (skips if the CPU lacks it);
   restores the best one afterwards."""
-  yield from _isa_setter(kernels.set_isa, kernels.ISA_NAMES,
+  yield from _isa_setter(kernels.set_isa, kernels.ISA_NAMES[-1],
                          'the float kernels')

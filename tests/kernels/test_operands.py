@@ -83,7 +83,7 @@ def _names(kernel, exclude=()):
 def test_the_layers_name_the_operands_as_the_lists_do(gemv_isa):
   """A sparse QKV attention's and a sparse FF block's step arguments are
   their kernel's operands by name (the norm, x and the attributes aside)."""
-  gemv_isa(kernels.GEMV_ISA_NAMES[-1])
+  gemv_isa(kernels.best_gemv_isa())
   layer = SelfAttention(64, 4, 'full', 4, causal=True, mode='predict',
                         predict_mem_len=16)
   x = (jnp.ones((1, 1, 64)), jnp.array([1]))

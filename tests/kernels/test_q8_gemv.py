@@ -5,7 +5,9 @@ product (exact, on data whose every float step is exact), the quantized
 product on random data (each instruction set giving the same bits), the
 error bound of 8-bit rounding against the float product, and the kernel
 layers. Every instruction set the CPU has runs; one it lacks skips, saying
-so. The library must be built (`pip install -e .`): these tests fail, not
+so. AMX's tile code runs on every CPU as 'amx-emulated' (each tile
+instruction in plain C++); the hardware 'amx' path runs where the CPU has
+AMX. The library must be built (`pip install -e .`): these tests fail, not
 skip, without it.
 """
 import jax
@@ -75,9 +77,13 @@ def _block_sums(q, d, w):
 # AVX-512 VNNI, from 16 rows, register blocks of 4 rows x 3 groups, then
 # single rows), 21 rows of 5 groups (blocks of 4 rows x 3 groups, a single
 # row of 3 groups, then the 2 groups left one at a time). 'split': rows are
-# also quantized in chunks over the pool.
+# also quantized in chunks over the pool. AMX's tiles (from 16 rows): passes
+# of 2 row tiles of 16 x 2 groups, then 1 of either, rows padded to a
+# multiple of 16; 17 rows (a tile and a row), 33 (three tiles: 'split' at
+# row 16), 64 (two whole passes); K = 45 and 300 end in a partial block.
 SHAPES = [(1, 1, 37, 21), (1, 1, 300, 33), (2, 3, 45, 16), (1, 13, 70, 5),
-          (3, 1, 20, 50), (2, 9, 70, 40), (1, 21, 100, 80)]
+          (3, 1, 20, 50), (2, 9, 70, 40), (1, 21, 100, 80), (1, 17, 45, 37),
+          (3, 11, 300, 50), (4, 16, 70, 33)]
 
 
 @pytest.mark.parametrize('g_storage', ['float32', 'int8'])
@@ -131,14 +137,9 @@ def test_q8_matmul_is_the_exact_integer_product(gemv_isa, request, name, t,
 RANDOM_SHAPES = SHAPES + [(1, 5, 1100, 24)]
 
 
-@pytest.mark.parametrize('g_storage', ['float32', 'int8'])
-@pytest.mark.parametrize('t,s,k,n', RANDOM_SHAPES)
-def test_q8_matmul_equals_numpy_on_random_data(gemv_isa, t, s, k, n,
-                                               g_storage):
-  """Random floats: the numpy quantization of x g with the integer products
-  summed in float64, within float32 rounding of the sums; every
-  instruction set gives the same bits (the same FMAs in the same order).
-  An int8 g's rows x g8[s] are quantized, their d times g_scale[s]."""
+def _random_case(t, s, k, n, g_storage):
+  """Random operands of `kernels.q8_matmul` (x, packed W, w_scale, g, bias,
+  g_scale), the numpy result and its float32 rounding bound."""
   rng = np.random.default_rng(k + n)
   x = rng.standard_normal((t, k)).astype(np.float32)
   x[:, :3] *= 20  # Outliers: blocks with different scales.
@@ -162,16 +163,93 @@ def test_q8_matmul_equals_numpy_on_random_data(gemv_isa, t, s, k, n,
   # sum, bounded by the sum of |terms|.
   tolerance = 2 * 2.0 ** -24 * (len(range(0, k, BLOCK)) + 2) * (
       np.abs(terms).sum(1).reshape(t, s * n) + np.abs(bias))
+  return (x, _pack(w), w_scale, g, bias, g_scale), expected, tolerance
+
+
+@pytest.mark.parametrize('g_storage', ['float32', 'int8'])
+@pytest.mark.parametrize('t,s,k,n', RANDOM_SHAPES)
+def test_q8_matmul_equals_numpy_on_random_data(gemv_isa, t, s, k, n,
+                                               g_storage):
+  """Random floats: the numpy quantization of x g with the integer products
+  summed in float64, within float32 rounding of the sums; every
+  instruction set gives the same bits (the same FMAs in the same order).
+  An int8 g's rows x g8[s] are quantized, their d times g_scale[s]."""
+  args, expected, tolerance = _random_case(t, s, k, n, g_storage)
   outputs = {}
   for name in kernels.GEMV_ISA_NAMES:
     if kernels.set_gemv_isa(name) != name:
       continue
-    got = np.asarray(jax.jit(kernels.q8_matmul)(x, _pack(w), w_scale, g,
-                                                 bias, g_scale))
+    got = np.asarray(jax.jit(kernels.q8_matmul)(*args))
     assert np.all(np.abs(got - expected) <= tolerance), name
     outputs[name] = got
+  assert 'amx-emulated' in outputs  # Every CPU runs it.
   for name, got in outputs.items():
     np.testing.assert_array_equal(got, outputs['scalar'], err_msg=name)
+
+
+def _cpu_has_amx():
+  """/proc/cpuinfo lists AMX-TILE and AMX-INT8 (False where it cannot be
+  read)."""
+  try:
+    with open('/proc/cpuinfo', encoding='utf-8') as f:
+      flags = set(f.read().split())
+  except OSError:
+    return False
+  return {'amx_tile', 'amx_int8'} <= flags
+
+
+# (rows, K, N, the emulated TDPBSSDs: 16-row tiles x groups x blocks of 32).
+TILE_COUNTS = [(17, 45, 37, 2 * 3 * 2), (33, 300, 50, 3 * 4 * 10),
+               (64, 70, 33, 4 * 3 * 3), (16, 32, 16, 1), (15, 70, 40, 0)]
+
+
+@pytest.mark.parametrize('parallel', [False, True], ids=['serial', 'split'])
+def test_emulated_amx_path_runs_the_tile_code(gemv_isa, request, parallel):
+  """'amx-emulated' is a path every CPU has: set, it is the one in use, and
+  a product of 16 rows or more runs one emulated TDPBSSD per tile of 16
+  rows, group of 16 outputs and block of 32 inputs (one thread or split),
+  fewer rows none (the vector path's product). 'amx' on a CPU without AMX
+  falls back to the best path it has, never to the emulation."""
+  if parallel:
+    request.getfixturevalue('split_every_product')
+  if not _cpu_has_amx():
+    assert kernels.set_gemv_isa('amx') == kernels.best_gemv_isa() != 'amx'
+  gemv_isa('amx-emulated')
+  assert kernels.gemv_isa() == 'amx-emulated'
+  for rows, k, n, count in TILE_COUNTS:
+    args, expected, tolerance = _random_case(1, rows, k, n, 'float32')
+    before = kernels.emulated_tdpbssd()
+    got = np.asarray(kernels.q8_matmul(*args))
+    assert kernels.emulated_tdpbssd() - before == count, (rows, k, n)
+    assert np.all(np.abs(got - expected) <= tolerance)
+
+
+@pytest.mark.parametrize('g_storage', ['float32', 'int8'])
+@pytest.mark.parametrize('parallel', [False, True], ids=['serial', 'split'])
+def test_amx_gives_the_bits_of_the_scalar_path(gemv_isa, request, parallel,
+                                               g_storage):
+  """On a CPU with AMX: 'amx' is the path the library picks, and its tiles
+  (tdpbssd, from 16 rows) give the bits of the scalar path and of the
+  emulated tiles on every shape above, on one thread and split; the
+  emulation is not what ran."""
+  if not _cpu_has_amx():
+    pytest.skip('this CPU has no AMX (amx_int8 not in /proc/cpuinfo)')
+  assert kernels.best_gemv_isa() == 'amx'
+  if parallel:
+    request.getfixturevalue('split_every_product')
+  for t, s, k, n in RANDOM_SHAPES:
+    args, expected, tolerance = _random_case(t, s, k, n, g_storage)
+    outputs = {}
+    for name in ('scalar', 'amx-emulated', 'amx'):
+      gemv_isa(name)
+      before = kernels.emulated_tdpbssd()
+      outputs[name] = np.asarray(kernels.q8_matmul(*args))
+      if name == 'amx':
+        assert kernels.emulated_tdpbssd() == before
+    assert np.all(np.abs(outputs['amx'] - expected) <= tolerance)
+    for name in ('amx-emulated', 'amx'):
+      np.testing.assert_array_equal(outputs[name], outputs['scalar'],
+                                    err_msg=f'{name} {(t, s, k, n)}')
 
 
 def test_q8_error_is_within_the_rounding_bound(gemv_isa):
@@ -179,7 +257,7 @@ def test_q8_error_is_within_the_rounding_bound(gemv_isa):
   most half its step (d_b / 2 for x, scale / 2 for W), so |y - x W| <=
   sum_k |dx| |W| + |x| |dW| + |dx| |dW|, and the error uses a good part
   of that bound (a real rounding, not a float path)."""
-  gemv_isa(kernels.GEMV_ISA_NAMES[-1])
+  gemv_isa(kernels.best_gemv_isa())
   rng = np.random.default_rng(1)
   k, n = 1000, 70
   x = rng.standard_normal((1, k)).astype(np.float32)
@@ -240,7 +318,7 @@ def test_q8_kernel_layers(gemv_isa, make):
   """tl.Dense, MultiplicativeDense and (predict-mode) ModuleConv with 'q8'
   weights call tf_q8_matmul; XLA's path (`q8_product`) computes the same
   quantized product; both stay within 8-bit rounding of the float32 layer."""
-  gemv_isa(kernels.GEMV_ISA_NAMES[-1])
+  gemv_isa(kernels.best_gemv_isa())
   x = jax.random.normal(jax.random.PRNGKey(5), (1, 2, 70))
   layer = make()
   ffi, xla, f32, text = _layer_case(layer, x)
@@ -262,7 +340,7 @@ def test_q8_module_conv_runs_same_size_kernels_as_one_product(gemv_isa,
   layout for M not a multiple of 16), bit for bit, on the kernel's path and
   on XLA's (which multiplies each output apart: XLA's sums depend on the
   product's width, and a prompt runs that path)."""
-  gemv_isa(kernels.GEMV_ISA_NAMES[-1])
+  gemv_isa(kernels.best_gemv_isa())
   x = jax.random.normal(jax.random.PRNGKey(6), (1, 1, 64))
   layer = ModuleConv(4, 16, 3, (3, 3, 1), mode='predict')
   fused, xla, _, text = _layer_case(layer, x)
@@ -350,6 +428,14 @@ def test_environment_variable_forces_the_gemv_path(monkeypatch):
     assert kernels.set_isa() == 'scalar'
     assert decode_step.describe_options(('ffi', 'q8')) == (
         'ffi (scalar, q8 scalar), q8 weights')
+    # The emulated tiles on any CPU; 'amx' only where the CPU has it.
+    monkeypatch.setenv(kernels.GEMV_ISA_ENV, 'amx-emulated')
+    monkeypatch.setattr(kernels, '_state', fresh())
+    assert kernels.gemv_isa() == 'amx-emulated'
+    monkeypatch.setenv(kernels.GEMV_ISA_ENV, 'amx')
+    monkeypatch.setattr(kernels, '_state', fresh())
+    assert kernels.gemv_isa() == kernels.best_gemv_isa()
+    assert (kernels.gemv_isa() == 'amx') == _cpu_has_amx()
     monkeypatch.setenv(kernels.ISA_ENV, 'avx9')
     monkeypatch.setattr(kernels, '_state', fresh())
     assert not kernels.available()
@@ -364,7 +450,7 @@ def test_environment_variable_forces_the_gemv_path(monkeypatch):
         f'{kernels.GEMV_ISA_NAMES}')
   finally:
     monkeypatch.undo()
-    kernels.set_gemv_isa(kernels.GEMV_ISA_NAMES[-1])
+    kernels.set_gemv_isa(kernels.best_gemv_isa())
     kernels.set_isa(kernels.ISA_NAMES[-1])
 
 
