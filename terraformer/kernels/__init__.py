@@ -164,8 +164,10 @@ PEAK_KINDS = {'int8': 'tf_int8_peak_macs', 'float32': 'tf_f32_peak_macs'}
 
 def peak_macs(kind='int8', threads=1, seconds=0.2):
   """Multiply-adds per second the kernels' instruction can issue: 'int8',
-  the Q8 path in use (`gemv_isa()`: VNNI's vpdpbusd, AVX2's maddubs + madd +
-  add, a scalar multiply-add); 'float32', the float path's FMA (`set_isa()`).
+  the Q8 path in use (`gemv_isa()`: AMX's tdpbssd on whole tiles, VNNI's
+  vpdpbusd, AVX2's maddubs + madd + add, a scalar multiply-add;
+  'amx-emulated' times the emulated tdpbssd); 'float32', the float path's
+  FMA (`set_isa()`).
   Registers only, on `threads` threads at once (ctypes releases the GIL),
   summed; each runs about `seconds`. The peak a compute-bound product can
   reach. None without the library (or a library built without the probe)."""

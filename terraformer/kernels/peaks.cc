@@ -9,6 +9,7 @@
 
 #include "gemv.h"
 #include "isa.h"
+#include "tiles.h"
 
 namespace terraformer::kernels {
 
@@ -16,8 +17,10 @@ namespace terraformer::kernels {
 // kPeakChains independent accumulations (more than an instruction's latency
 // times its issue rate, so none waits on its own result), registers only.
 // VNNI: vpdpbusd, 64 multiply-adds; AVX2: maddubs, madd, add, 32; scalar:
-// one int32 multiply-add. And float32's FMA: 16, 8 or 1 multiply-adds. A
-// step's compute bound divides its multiply-adds by them.
+// one int32 multiply-add; AMX: tdpbssd on whole tiles, 16 x 16 x 64 (the
+// Q8 path's tiles hold one block, half of that), 4 accumulating tiles. And
+// float32's FMA: 16, 8 or 1 multiply-adds. A step's compute bound divides
+// its multiply-adds by them.
 
 namespace {
 
@@ -84,6 +87,42 @@ TF_AVX2 float PeakFloatAvx2(int64_t n) {
   return sum;
 }
 
+// tdpbssd: sums 0-3 += A tiles 4, 5 times B tiles 6, 7, each 16 rows of
+// 64 bytes, loaded once.
+constexpr int64_t kTileMacs = 4 * kTileMaxRows * kTileMaxRows * kTileRowBytes;
+
+template <typename Tiles>
+inline int64_t PeakTiles(int64_t n) {
+  TileConfig config;
+  for (int t = 0; t < kTiles; ++t) config.Set(t, kTileMaxRows, kTileRowBytes);
+  alignas(64) int8_t operand[kTileMaxRows * kTileRowBytes];
+  for (int i = 0; i < kTileMaxRows * kTileRowBytes; ++i) operand[i] = i % 7 - 3;
+  alignas(64) int32_t sums[kTileMaxRows * kTileRowBytes / 4];
+  Tiles t;
+  t.Configure(config);
+  t.template Load<4>(operand, kTileRowBytes);
+  t.template Load<5>(operand, kTileRowBytes);
+  t.template Load<6>(operand, kTileRowBytes);
+  t.template Load<7>(operand, kTileRowBytes);
+  t.template Zero<0>();
+  t.template Zero<1>();
+  t.template Zero<2>();
+  t.template Zero<3>();
+  for (int64_t i = 0; i < n; ++i) {
+    t.template Dpbssd<0, 4, 6>();
+    t.template Dpbssd<1, 4, 7>();
+    t.template Dpbssd<2, 5, 6>();
+    t.template Dpbssd<3, 5, 7>();
+  }
+  t.template Store<3>(sums, kTileRowBytes);
+  t.Release();
+  return sums[0];
+}
+
+TF_AMX __attribute__((flatten)) int64_t PeakAmx(int64_t n) {
+  return PeakTiles<AmxTiles>(n);
+}
+
 // One multiply-add a chain and a round, not vectorized (T int32_t: the
 // scalar Q8 path's; float: the scalar float path's).
 template <typename T>
@@ -129,6 +168,12 @@ double Float32PeakMacs(Isa isa, int64_t iterations) {
 
 double Int8PeakMacs(GemvIsa isa, int64_t iterations) {
   switch (isa) {
+    case GemvIsa::kAmx:
+      // Only where the tiles are usable (a fault otherwise).
+      if (ProbeCpu().amx) return PeakRate(PeakAmx, iterations, kTileMacs);
+      return Int8PeakMacs(VectorGemvIsa(isa), iterations);
+    case GemvIsa::kAmxEmulated:
+      return PeakRate(PeakTiles<EmulatedTiles>, iterations, kTileMacs);
     case GemvIsa::kAvx512Vnni:
       return PeakRate(PeakVnni, iterations, kPeakChains * 64);
     case GemvIsa::kAvx2: return PeakRate(PeakAvx2, iterations, kPeakChains * 32);
