@@ -56,9 +56,10 @@ def decode_options(kernels='xla', weights='float32'):
     the sparse loss) on int8 weights packed output-major with one scale per
     output AND int8 activations, each input row quantized once per call per
     block of 32 (llama.cpp's Q8_0), summed as integer dot products
-    (`kernels.q8_matmul`: AVX-512 VNNI, AVX2 or scalar, `kernels.gemv_isa()`
-    says which); the sparse FF's rows as 'int8'. Any kernels mode reads
-    them ('xla' computes the same quantized products with XLA's dots).
+    (`kernels.q8_matmul`: AMX tiles for many rows, AVX-512 VNNI, AVX2 or
+    scalar, `kernels.gemv_isa()` says which); the sparse FF's rows as
+    'int8'. Any kernels mode reads them ('xla' computes the same quantized
+    products with XLA's dots).
   """
   if kernels not in KERNEL_MODES:
     raise errors.TerraformerError(

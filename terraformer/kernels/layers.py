@@ -106,8 +106,9 @@ def pack_q8(w):
 
   One symmetric scale per output n (W[:, n] ~= q[:, n] * scale[n]), and
   packed[g, p, j, i] = q[4p + i, 16g + j], zeros past K and N: 64 bytes
-  hold 4 consecutive inputs of 16 outputs, what one vpdpbusd multiplies
-  (q8_gemv.cc, "The Q8 GEMV").
+  hold 4 consecutive inputs of 16 outputs, what one vpdpbusd multiplies;
+  a block's 512 bytes are an AMX B tile (q8_gemv.cc, "The Q8 GEMV";
+  q8_amx.cc).
   """
   k, n = w.shape
   q, scale = quantize_rows(jnp.asarray(w, jnp.float32).T)  # Rows: outputs.
