@@ -154,8 +154,9 @@ def machine(cpuinfo='/proc/cpuinfo'):
   Returns:
     dict: cpu_model (/proc/cpuinfo's model name or None), cpu_cores,
     float_isa (the instruction set the float kernels run: 'avx512', 'avx2'
-    or 'scalar', `kernels.set_isa()`), gemv_isa (the Q8 GEMV's:
-    'avx512vnni', 'avx2' or 'scalar', `kernels.gemv_isa()`) and kernels
+    or 'scalar', `kernels.set_isa()`), gemv_isa (the Q8 GEMV's: 'amx',
+    'avx512vnni', 'avx2' or 'scalar', or the forced 'amx-emulated',
+    `kernels.gemv_isa()`) and kernels
     (None when the library is loaded, else why not; both ISAs are then
     None and every model runs XLA's code).
   """
