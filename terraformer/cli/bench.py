@@ -268,6 +268,12 @@ def _log(message):
   print(message, file=sys.stderr, flush=True)
 
 
+def _check_reference(configs, mode):
+  if len(configs) < 2:
+    raise errors.TerraformerError(
+        f'--{mode} needs two or more models (the first is the reference)')
+
+
 def _bench(flag_values, model_files):
   from terraformer.benchmarks import decode_configs as benchmark  # pylint: disable=g-import-not-at-top
   from terraformer.benchmarks import decode_speed  # pylint: disable=g-import-not-at-top
@@ -326,9 +332,7 @@ def _bench(flag_values, model_files):
         report, flag_values.profile_operations)}
     print(common.format_aligned(tables['profile']))
   elif flag_values.agreement:
-    if len(configs) < 2:
-      raise errors.TerraformerError(
-          '--agreement needs two or more models (the first is the reference)')
+    _check_reference(configs, 'agreement')
     report = benchmark.agreement(configs, parse, flag_values.tokens,
                                  flag_values.prompt_len, flag_values.seed,
                                  log=_log, checkpoint=flag_values.checkpoint,
@@ -336,9 +340,7 @@ def _bench(flag_values, model_files):
     tables = {'agreement': bench_format.agreement_table(report)}
     print(bench_format.format_agreement(report))
   elif flag_values.quality:
-    if len(configs) < 2:
-      raise errors.TerraformerError(
-          '--quality needs two or more models (the first is the reference)')
+    _check_reference(configs, 'quality')
     report = benchmark.quality(configs, parse, flag_values.split,
                                flag_values.max_examples, flag_values.seed,
                                log=_log, checkpoint=flag_values.checkpoint)

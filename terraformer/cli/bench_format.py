@@ -252,11 +252,7 @@ def format_agreement(results):
   """`agreement`'s rows as a text table, against the first model."""
   lines = [common.format_aligned(agreement_table(results))]
   first = results[0]
-  if first.get('checkpoint'):
-    weights = (f"the weights of {first['checkpoint']} (step "
-               f"{first['checkpoint_step']})")
-  else:
-    weights = 'the same random weights'
+  weights = _weights_decoded(first)
   prompt = first.get('prompt', 'random')
   lines.append(
       f"vs {first['name']}: {first['tokens']} tokens, teacher-forced (every "
@@ -266,11 +262,22 @@ def format_agreement(results):
       + (f", smallest top-2 logit gap {first['min_top2_margin']:.3g} (a "
          '|delta logit| under half of it cannot change an argmax)'
          if 'min_top2_margin' in first else ''))
+  return '\n'.join(lines + _noise_line(results))
+
+
+def _weights_decoded(first):
+  """What the first model's weights were: a checkpoint's, or random."""
+  if first.get('checkpoint'):
+    return (f"the weights of {first['checkpoint']} (step "
+            f"{first['checkpoint_step']})")
+  return 'the same random weights'
+
+
+def _noise_line(results):
+  """[the line naming the models with noise on their weights] or []."""
   noisy = [f"{r['name']} {r['noise']:g}" for r in results if r.get('noise')]
-  if noisy:
-    lines.append('weights with noise (x RMS, bench_weights.noise): '
-                 + ', '.join(noisy))
-  return '\n'.join(lines)
+  return (['weights with noise (x RMS, bench_weights.noise): '
+           + ', '.join(noisy)] if noisy else [])
 
 
 def quality_table(results):
@@ -290,21 +297,13 @@ def quality_table(results):
 def format_quality(results):
   """`quality`'s rows as a text table, and what they were measured on."""
   first = results[0]
-  if first.get('checkpoint'):
-    weights = (f"the weights of {first['checkpoint']} (step "
-               f"{first['checkpoint_step']})")
-  else:
-    weights = 'the same random weights'
   lines = [common.format_aligned(quality_table(results)),
            f"teacher-forced on the reference targets of {first['examples']} "
            f"{first['split']} examples ({first['positions']} positions, "
-           f"inputs of {first['input_len']} tokens), {weights}; KL(first || "
-           'model) in nats per position, log-perplexity in nats per token']
-  noisy = [f"{r['name']} {r['noise']:g}" for r in results if r.get('noise')]
-  if noisy:
-    lines.append('weights with noise (x RMS, bench_weights.noise): '
-                 + ', '.join(noisy))
-  return '\n'.join(lines)
+           f"inputs of {first['input_len']} tokens), "
+           f"{_weights_decoded(first)}; KL(first || model) in nats per "
+           'position, log-perplexity in nats per token']
+  return '\n'.join(lines + _noise_line(results))
 
 
 def xla_ops_table(results):
