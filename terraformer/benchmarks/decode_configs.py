@@ -574,6 +574,7 @@ def reference_pairs(split, max_examples=None):
 
 
 def _log_softmax(logits):
+  """log_softmax over the last axis, in float64 (KL of near-equal rows)."""
   logits = np.asarray(logits, np.float64)
   shifted = logits - logits.max(axis=-1, keepdims=True)
   return shifted - np.log(np.exp(shifted).sum(axis=-1, keepdims=True))
@@ -611,8 +612,8 @@ def quality(configs, parse, split='test', max_examples=None, seed=0,
       pairs = reference_pairs(split, max_examples)
       if not pairs:
         raise errors.TerraformerError(f'--quality: split {split!r} is empty')
-    input_len = len(pairs[0][0])
-    target_len = max(len(t) for _, t in pairs)
+      input_len = len(pairs[0][0])
+      target_len = max(len(t) for _, t in pairs)
 
     def prompt_of(model, name=name):
       if not decode_step.is_encoder_decoder(model):
