@@ -16,7 +16,15 @@ encoder's first pooling (successive halving top-k): the fraction of the
 facts' tokens (task symbols in the first half of the input), of the query
 tokens (task symbols in the second half) and of examples that keep all of
 them; task symbols are the ids >= `long_range_recall_stream.vocab_size`.
+
+`--by_key_position` (encoder-decoder recall with `link='adjacent'`, facts
+`K_j V_j` in the first half, queries `Q K_q1 ... K_qk` before the final EOS)
+adds the teacher-forced accuracy of each answer value by the input position
+of its queried key: which distances from the queries (27-31 at 32 tokens) a
+model bridges, so which of an encoder's branches can have carried a fact
+(a local window relays only the keys it, stacked, reaches).
 """
+import inspect
 import itertools
 import json
 import sys
@@ -36,11 +44,28 @@ flags.DEFINE_string('output_dir', None, 'Run directory (checkpoint).')
 flags.DEFINE_integer('batches', 16, 'Eval batches to score.')
 flags.DEFINE_bool('kept_by_pooling', False,
                   'Also report which tokens the first pooling keeps.')
+flags.DEFINE_bool('by_key_position', False,
+                  "Also report the values' accuracy by their key's position "
+                  "(link='adjacent' recall).")
 
 
 def _reference(name):
   ref = gin.query_parameter(name)
   return ref.scoped_configurable_fn
+
+
+def _stream_parameter(arg):
+  """long_range_recall_stream's `arg` as gin binds it (a macro resolved),
+  else its default."""
+  from terraformer.data import long_range_recall  # pylint: disable=g-import-not-at-top
+  try:
+    value = gin.query_parameter(f'long_range_recall_stream.{arg}')
+  except ValueError:  # Not bound.
+    return inspect.signature(long_range_recall.long_range_recall_stream
+                             ).parameters[arg].default
+  if isinstance(value, gin.config.ConfigurableReference):  # A macro.
+    value = value.scoped_configurable_fn()
+  return value
 
 
 def main(argv):
@@ -63,6 +88,7 @@ def main(argv):
                                          signature)
   forward = jax.jit(model.pure_fn)
   correct = total = exact = n = 0
+  by_position = {}
   for x, y, w in batches:
     inputs = jnp.asarray(x) if lm else (jnp.asarray(x), jnp.asarray(y))
     outputs, _ = forward(inputs, model.weights, model.state, model.rng)
@@ -73,20 +99,47 @@ def main(argv):
     total += int(w.sum())
     exact += int(right.all(axis=1).sum())
     n += len(x)
+    if FLAGS.by_key_position:
+      if lm:
+        raise SystemExit('--by_key_position: an encoder-decoder recall model '
+                         'only')
+      _count_by_key_position(x, y, pred, by_position)
   result = dict(output_dir=FLAGS.output_dir, step=int(step), examples=n,
                 exact_match=exact / n, token_accuracy=correct / total)
+  if FLAGS.by_key_position:
+    result['value_accuracy_by_key_position'] = {
+        str(p): hits / count for p, (hits, count) in sorted(by_position.items())}
+    result['values_by_key_position'] = {
+        str(p): count for p, (_, count) in sorted(by_position.items())}
   if FLAGS.kept_by_pooling:
     result.update(_kept_by_first_pooling(model, batches))
   print(json.dumps(result))
+
+
+def _count_by_key_position(x, y, pred, counts):
+  """Adds (right, all) answer values per queried key's input position."""
+  if _stream_parameter('link') != 'adjacent':
+    raise SystemExit("--by_key_position: link='adjacent' recall only")
+  if _stream_parameter('value_len') != 1:
+    raise SystemExit('--by_key_position: values of one token only')
+  if _stream_parameter('keyed_answer'):
+    raise SystemExit('--by_key_position: the values-only form only')
+  k = _stream_parameter('n_facts')
+  input_len = x.shape[1]
+  first_query = input_len - k - 1  # Q K_q1 ... K_qk EOS at the end.
+  for tokens, target, guess in zip(x, y, pred):
+    for j in range(k):
+      key = tokens[first_query + j]
+      (where,) = np.flatnonzero(tokens[:input_len // 2] == key)
+      hits, count = counts.get(int(where), (0, 0))
+      counts[int(where)] = (hits + int(guess[j] == target[j]), count + 1)
 
 
 def _kept_by_first_pooling(model, batches):
   """Fractions of fact and query tokens among the first pooling's winners."""
   import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
   from terraformer.layers import successive_halving_topk as topk  # pylint: disable=g-import-not-at-top
-  symbols = gin.query_parameter('long_range_recall_stream.vocab_size')
-  if isinstance(symbols, gin.config.ConfigurableReference):  # A macro.
-    symbols = symbols.scoped_configurable_fn()
+  symbols = _stream_parameter('vocab_size')
   winners, original = [], topk.successive_halving_topk
 
   def recording(*args, **kwargs):

@@ -582,6 +582,24 @@ def test_recall_scores_and_the_pooling_columns_where_measured(tmp_path):
       ['Pyramidion', '16000', '0.242', '0.765', '1.000', '0.000', '0.000']]
 
 
+def test_recall_by_key_position_a_column_per_position_seen(tmp_path):
+  one = _write(tmp_path, 'a.json', {
+      'step': 16000, 'examples': 256, 'exact_match': 0.5,
+      'token_accuracy': 0.75,
+      'value_accuracy_by_key_position': {'0': 0.25, '12': 1.0}})
+  two = _write(tmp_path, 'b.json', {
+      'step': 16000, 'examples': 256, 'exact_match': 1.0,
+      'token_accuracy': 1.0,
+      'value_accuracy_by_key_position': {'2': 1.0, '12': 0.96875}})
+  code, table, _ = _run(tmp_path, 'recall', f'seed 0={one}', f'seed 1={two}')
+  assert code == 0
+  assert table['columns'] == ['run', 'step', 'exact match', 'token accuracy',
+                              'key at 0', 'key at 2', 'key at 12']
+  assert table['rows'] == [
+      ['seed 0', '16000', '0.500', '0.750', '0.250', '–', '1.000'],
+      ['seed 1', '16000', '1.000', '1.000', '–', '1.000', '0.969']]
+
+
 # ---------------------------------------------------------------------------
 # Mistakes
 

@@ -345,17 +345,25 @@ RECALL_POOLING = (('first_pooling_keeps_facts', 'fact tokens kept'),
                   ('first_pooling_keeps_all', 'examples keeping all'))
 
 
+BY_KEY_POSITION = 'value_accuracy_by_key_position'
+
+
 def recall(pairs, opts):
   """experiments/long_input_eval.py's line of each run: step, exact match, token
-  accuracy, and what the first pooling keeps where it was measured
-  (--kept_by_pooling)."""
+  accuracy, what the first pooling keeps where it was measured
+  (--kept_by_pooling), and the answer values' accuracy by their key's input
+  position where measured (--by_key_position; a column per position)."""
   pooling = [(k, name) for k, name in RECALL_POOLING
              if any(k in line for _, line in pairs)]
+  positions = sorted({int(p) for _, line in pairs
+                      for p in line.get(BY_KEY_POSITION, {})})
   columns = ['run'] + [name for _, name, _ in RECALL_SCORES] + [
-      name for _, name in pooling]
+      name for _, name in pooling] + [f'key at {p}' for p in positions]
   return columns, [
       [opts.label(label)] + [fmt(line[k]) for k, _, fmt in RECALL_SCORES] +
-      [_f(line.get(k), '.3f') for k, _ in pooling] for label, line in pairs]
+      [_f(line.get(k), '.3f') for k, _ in pooling] +
+      [_f(line.get(BY_KEY_POSITION, {}).get(str(p)), '.3f')
+       for p in positions] for label, line in pairs]
 
 
 # ---------------------------------------------------------------------------
