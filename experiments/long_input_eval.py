@@ -55,16 +55,14 @@ def _reference(name):
 
 
 def _stream_parameter(arg):
-  """long_range_recall_stream's `arg` as gin binds it (a macro resolved),
-  else its default."""
+  """long_range_recall_stream's `arg` as gin binds it, else its default."""
   from terraformer.data import long_range_recall  # pylint: disable=g-import-not-at-top
-  try:
-    value = gin.query_parameter(f'long_range_recall_stream.{arg}')
-  except ValueError:  # Not bound.
+  from terraformer.loading import vocab as vocab_lib  # pylint: disable=g-import-not-at-top
+  value = vocab_lib.gin_binding(f'long_range_recall_stream.{arg}',
+                                scopes=('eval/', ''))
+  if value is None:  # Not bound.
     return inspect.signature(long_range_recall.long_range_recall_stream
                              ).parameters[arg].default
-  if isinstance(value, gin.config.ConfigurableReference):  # A macro.
-    value = value.scoped_configurable_fn()
   return value
 
 

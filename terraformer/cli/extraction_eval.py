@@ -105,11 +105,16 @@ def _score(flag_values):
   predict, _ = loading_model.load_model(
       model_fn, flag_values.output_dir, 'predict',
       (signature[0], shapes.ShapeDtype((x.shape[0], 1), np.int32)))
-  eos_id = vocab_lib.text_vocab().eos_id
+  text_vocab = vocab_lib.text_vocab()
+  eos_id = text_vocab.eos_id
+  bound = lambda arg: vocab_lib.gin_binding(f'{STREAM}.{arg}',
+                                            scopes=('eval/', ''))
+  # Indexed markers: the ids past the text's vocabulary.
+  markers_from = text_vocab.vocab_size if bound('indexed_markers') else None
   result = extraction.score(
       batches, extraction.model_decode(predict, eos_id),
-      extraction.model_winners(model), eos_id,
-      vocab_lib.gin_binding(f'{STREAM}.declare_every', scopes=('eval/', '')))
+      extraction.model_winners(model), eos_id, bound('declare_every'),
+      markers_from)
   print(json.dumps(dict(output_dir=flag_values.output_dir,
                         split=flag_values.split, step=int(step), **result)))
 

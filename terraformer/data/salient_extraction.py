@@ -32,6 +32,17 @@ one attention step, where the declared marker takes a comparison of two
 tokens; the salient token's own embedding still says nothing, so pooling
 right after the embeddings must still guess.
 
+`indexed_markers=True` gives each salient token its own marker, one id past
+the vocabulary per index: the i-th salient token (in input order, 0-based)
+follows the id `vocab_size + i`, and each section's declaration is the
+marker of its first salient token (the model's vocabulary is then
+vocab_size + n_salient). The i-th output is then found by one content
+match, the token after marker i, as a keyed recall's answer is, where one
+marker for all takes counting which occurrence an output is (an in-order
+copy of m of n tokens that no model learned on the CPU within 3000 steps
+from n = 64 up, gin/long_input/scorers/base.gin). A salient token is still
+known only from its predecessor, so pooling must still keep it.
+
 `salient_pieces=K` draws the salient tokens among the window's tokens that
 are one of the first K pieces of the vocabulary, ids N_SPECIAL .. N_SPECIAL
 + K - 1. SentencePiece orders its pieces by their unigram scores, so these
@@ -106,17 +117,19 @@ MAX_WINDOWS = 100
 
 
 def make_example(rng, text, layout, vocab_size, eos_id, fixed_marker=False,
-                 salient_pieces=None):
+                 salient_pieces=None, indexed_markers=False):
   """One example from a random window of `text` (token ids).
 
   The marker is drawn among the pieces absent from the window, or is
-  `vocab_size` with `fixed_marker`. With `salient_pieces` K, the salient
-  tokens are drawn among the window's ids below N_SPECIAL + K.
+  `vocab_size` with `fixed_marker`; with `indexed_markers` the i-th salient
+  token's is `vocab_size + i`. With `salient_pieces` K, the salient tokens
+  are drawn among the window's ids below N_SPECIAL + K.
 
   Returns:
     (input ids [input_len], target ids [n_salient + 1], info) where info
-    holds `marker` (the id), `salient_pos` and `marker_pos` (input positions,
-    ascending) and `window_start` (where the text window starts in `text`).
+    holds `marker` (the id; with `indexed_markers` the first one),
+    `salient_pos` and `marker_pos` (input positions, ascending) and
+    `window_start` (where the text window starts in `text`).
   """
   n_text = layout.n_sections * layout.text_len
   # Salient candidates of a section's text chunk: never its first token
@@ -135,7 +148,7 @@ def make_example(rng, text, layout, vocab_size, eos_id, fixed_marker=False,
         f'{MAX_WINDOWS} windows of the text had a section with fewer than '
         f'{layout.per_section} tokens among the first {salient_pieces} pieces '
         f'of the vocabulary (salient_pieces)')
-  if fixed_marker:
+  if fixed_marker or indexed_markers:
     marker = vocab_size
   else:
     absent = np.setdiff1d(np.arange(N_SPECIAL, vocab_size), window)
@@ -150,14 +163,16 @@ def make_example(rng, text, layout, vocab_size, eos_id, fixed_marker=False,
     chosen = np.sort(rng.choice(candidates(chunk), size=layout.per_section,
                                 replace=False))
     base = s * layout.section
-    ids[base] = marker
+    first = marker + s * layout.per_section if indexed_markers else marker
+    ids[base] = first
     # Chunk token j lands after the declaration and the markers inserted
     # before it: position 1 + j + (markers before or at j).
     shift = np.searchsorted(chosen, np.arange(layout.text_len), side='right')
     at = base + 1 + np.arange(layout.text_len) + shift
     ids[at] = chunk
     salient_at = at[chosen]
-    ids[salient_at - 1] = marker
+    ids[salient_at - 1] = (first + np.arange(layout.per_section)
+                           if indexed_markers else marker)
     salient.append(salient_at)
   salient_pos = np.concatenate(salient)
   target = np.concatenate([ids[salient_pos], [eos_id]]).astype(np.int32)
@@ -166,15 +181,18 @@ def make_example(rng, text, layout, vocab_size, eos_id, fixed_marker=False,
   return ids, target, info
 
 
-def salient_positions(inputs, declare_every=None):
+def salient_positions(inputs, declare_every=None, markers_from=None):
   """The salient positions of input rows, read off the tokens alone.
 
   A position p is salient when p - 1 holds the marker declared at the
-  start of p's section and p - 1 is not that declaration.
+  start of p's section (with `markers_from`, indexed markers: any id from
+  `markers_from` on) and p - 1 is not that declaration.
 
   Args:
     inputs: [B, input_len] token ids (or one row [input_len]).
     declare_every: the stream's section length (None: the whole input).
+    markers_from: None, or the first marker id of indexed markers (the
+      stream's vocab_size).
 
   Returns:
     A bool array of the inputs' shape, True on salient positions.
@@ -187,7 +205,9 @@ def salient_positions(inputs, declare_every=None):
   offset = np.arange(n) % section
   declared = inputs[:, np.arange(n) - offset]  # Each position's marker.
   previous = np.concatenate([inputs[:, :1], inputs[:, :-1]], axis=1)
-  salient = (offset >= 2) & (previous == declared)
+  is_marker = (previous == declared if markers_from is None
+               else previous >= markers_from)
+  salient = (offset >= 2) & is_marker
   return salient[0] if one_row else salient
 
 
@@ -204,8 +224,11 @@ def _text(split, vocab_size, vocab_path, papers_dir):
 
 def examples(split='train', input_len=512, n_salient=16, vocab_size=2048,
              vocab_path=None, papers_dir=None, seed=0, declare_every=None,
-             fixed_marker=False, salient_pieces=None):
+             fixed_marker=False, salient_pieces=None, indexed_markers=False):
   """(layout, endless generator of (inputs, target, info) examples)."""
+  if fixed_marker and indexed_markers:
+    raise TerraformerError(
+        'fixed_marker and indexed_markers are two kinds of marker: set one')
   if salient_pieces is not None and (
       isinstance(salient_pieces, bool) or not isinstance(salient_pieces, int)
       or not 1 <= salient_pieces <= vocab_size - N_SPECIAL):
@@ -227,7 +250,7 @@ def examples(split='train', input_len=512, n_salient=16, vocab_size=2048,
   def generate():
     while True:
       yield make_example(rng, text, layout, vocab_size, vocab.eos_id,
-                         fixed_marker, salient_pieces)
+                         fixed_marker, salient_pieces, indexed_markers)
 
   return layout, generate()
 
@@ -237,7 +260,7 @@ def salient_extraction_stream(split='train', input_len=512, n_salient=16,
                               batch_size=16, vocab_size=2048,
                               vocab_path=None, papers_dir=None, seed=0,
                               declare_every=None, fixed_marker=False,
-                              salient_pieces=None):
+                              salient_pieces=None, indexed_markers=False):
   """Returns an endless generator of salient-extraction batches.
 
   Args:
@@ -257,6 +280,8 @@ def salient_extraction_stream(split='train', input_len=512, n_salient=16,
     salient_pieces: None, or K: the salient tokens are among the first K
       pieces of the vocabulary (ids N_SPECIAL .. N_SPECIAL + K - 1, about
       the K most frequent).
+    indexed_markers: the i-th salient token follows the id vocab_size + i
+      (the model then has vocab_size + n_salient ids).
 
   Returns:
     A generator of `(inputs [B, input_len], targets [B, n_salient + 1],
@@ -268,7 +293,7 @@ def salient_extraction_stream(split='train', input_len=512, n_salient=16,
         f'batch_size must be a positive integer, got {batch_size!r}')
   layout, stream = examples(split, input_len, n_salient, vocab_size,
                             vocab_path, papers_dir, seed, declare_every,
-                            fixed_marker, salient_pieces)
+                            fixed_marker, salient_pieces, indexed_markers)
   weights = np.ones((batch_size, layout.target_len), np.float32)
 
   def batches():

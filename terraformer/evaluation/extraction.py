@@ -104,7 +104,8 @@ def model_winners(eval_model):
   return winners
 
 
-def score(batches, decode, winners, eos_id, declare_every=None):
+def score(batches, decode, winners, eos_id, declare_every=None,
+          markers_from=None):
   """Token F1, exact match and first-pooling recall over `batches`.
 
   Args:
@@ -114,8 +115,9 @@ def score(batches, decode, winners, eos_id, declare_every=None):
     winners: `winners(inputs, targets)` -> the first pooling's winners
       [B, k], or None (`model_winners`).
     eos_id: the vocabulary's EOS.
-    declare_every: the stream's section length (which positions are
-      salient: `salient_extraction.salient_positions`).
+    declare_every, markers_from: the stream's section length and, with
+      indexed markers, its first marker id (which positions are salient:
+      `salient_extraction.salient_positions`).
 
   Returns:
     dict(examples, token_f1, exact_match, recall_salient,
@@ -128,7 +130,8 @@ def score(batches, decode, winners, eos_id, declare_every=None):
     decoded = decode(inputs, targets.shape[1])
     kept = winners(inputs, targets)
     pooled = kept is not None
-    salient = salient_extraction.salient_positions(inputs, declare_every)
+    salient = salient_extraction.salient_positions(inputs, declare_every,
+                                                   markers_from)
     for i, (row, gold) in enumerate(zip(decoded, targets)):
       predicted, gold = until_eos(row, eos_id), until_eos(gold, eos_id)
       f1 += token_f1(predicted, gold)

@@ -179,3 +179,38 @@ def test_bad_settings_are_one_line_errors(shared_cache_dir, papers_dir, kwargs,
   del shared_cache_dir
   with pytest.raises(TerraformerError, match=match):
     next(_stream(papers_dir, **kwargs))
+
+
+def test_indexed_markers_one_id_past_the_vocabulary_per_index(
+    shared_cache_dir, papers_dir):
+  """The i-th salient token follows the id V + i; each section declares the
+  marker of its first salient token; the target is the tokens after the
+  markers V, V + 1, ... in order; salient_positions finds them from the
+  tokens with markers_from=V."""
+  del shared_cache_dir
+  n, m, section = 64, 8, 16  # 2 salient tokens a section.
+  for inputs, targets, _ in itertools.islice(
+      _stream(papers_dir, n_salient=m, declare_every=section,
+              indexed_markers=True), 2):
+    salient = se.salient_positions(inputs, section, markers_from=V)
+    for x, y, is_salient in zip(inputs, targets, salient):
+      np.testing.assert_array_equal(x[::section], V + np.arange(0, m, 2))
+      assert sum(t < V for t in x) == n - m - n // section
+      # Marker V + i: after the declarations, once, before salient token i.
+      after = []
+      for i in range(m):
+        (at,) = [p for p in np.flatnonzero(x == V + i) if p % section]
+        after.append(int(x[at + 1]))
+        assert x[at + 1] < V
+      np.testing.assert_array_equal(y, after + [1])  # ... then EOS.
+      np.testing.assert_array_equal(x[is_salient], after)
+      # The one-marker rule finds only each section's first salient token.
+      np.testing.assert_array_equal(
+          x[se.salient_positions(x, section)], after[::2])
+
+
+def test_indexed_and_fixed_markers_are_exclusive(shared_cache_dir,
+                                                 papers_dir):
+  del shared_cache_dir
+  with pytest.raises(TerraformerError, match='set one'):
+    next(_stream(papers_dir, fixed_marker=True, indexed_markers=True))

@@ -72,6 +72,21 @@ def test_score_of_hand_built_decodes_and_selections():
     extraction.score([], decode, winners, E)
 
 
+def test_score_with_indexed_markers_finds_the_salient_positions_by_id():
+  """Markers 20 (declared at 0), 21, 22: salient tokens at 3, 5 and 7.
+  The one-marker rule would see only 3."""
+  inputs = np.array([[20, 2, 20, 5, 21, 6, 22, 7]], np.int32)
+  targets = np.array([[5, 6, 7, E]], np.int32)
+  batch = (inputs, targets, np.ones_like(targets, np.float32))
+  decode = lambda x, t: np.array([[5, 6, 7, E]], np.int32)
+  winners = lambda x, y: np.array([[3, 5, 6]])  # 3, 5 and 7's marker.
+  indexed = extraction.score([batch], decode, winners, E, markers_from=20)
+  assert indexed['recall_salient'] == pytest.approx(2 / 3)
+  assert indexed['recall_salient_or_marker'] == 1.0
+  one_marker = extraction.score([batch], decode, winners, E)
+  assert one_marker['recall_salient'] == 1.0  # Of 1 position it sees.
+
+
 def _write_run(folder, scores):
   """scores: {(split, step): (token_f1, exact, recall)}."""
   folder.mkdir(parents=True)
