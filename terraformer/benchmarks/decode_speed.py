@@ -292,18 +292,29 @@ class DecodeTimer:
   def warm_up(self):
     self.repeat()
 
-  def logits(self, feed=None):
-    """(logits [tokens, vocab] float32, greedy tokens) of one decode.
+  def _start(self):
+    """(state, token) before the first target position: an encoder-decoder's
+    empty caches and 0 (its first step reads the prompt, as training's
+    shifted decoder input starts with 0), an LM's caches after the prompt
+    and its last token."""
+    if self.encdec:
+      return (decode_step.zero_state(self.state_shapes),
+              jnp.zeros((1, 1), jnp.int32))
+    return self._prime()
 
-    Feeds `feed` (tokens of another model's decode) instead of this
-    model's own argmax when given, so that two models' logits are compared
-    at the same positions.
+  def logits(self, feed=None, n=None):
+    """(logits [n, vocab] float32, greedy tokens [n]) of one decode.
+
+    Row t predicts target position t (n: `tokens`) from the prompt and the
+    tokens fed before it: this model's own argmax, or `feed[t]` when given
+    (another model's greedy tokens, or reference targets), so that two
+    models' logits are compared at the same positions.
     """
     step, weights, rng = self._step, self.weights, self.rng
     with _first_call_donation_quiet():
-      state, token = self._prime()
+      state, token = self._start()
       rows, own = [], []
-      for t in range(self.tokens):
+      for t in range(self.tokens if n is None else n):
         x = (self.prompt, token) if self.encdec else token
         outputs, state = step(x, weights, state, rng)
         last = _logits(outputs)
@@ -311,35 +322,18 @@ class DecodeTimer:
         own.append(int(_greedy(last)[0, 0]))
         token = (jnp.asarray([[feed[t]]], jnp.int32) if feed is not None
                  else _greedy(last))
+    del state
     return np.stack(rows), own
 
   def forced_logits(self, targets, prompt=None):
-    """Logits [len(targets), vocab] float32 of a teacher-forced decode.
-
-    Row t predicts targets[t] from the prompt and targets[:t], as training's
-    shifted decoder input (0, targets[0], ...) predicts it: an
-    encoder-decoder's first step feeds 0 beside the encoder input, an LM's
-    the prompt's last token. `prompt` (prompt_len token ids) replaces the
-    timer's prompt first (same shape: no recompilation).
-    """
+    """Logits [len(targets), vocab] float32 of a teacher-forced decode: row
+    t predicts targets[t] from the prompt and targets[:t]. `prompt`
+    (prompt_len token ids) replaces the timer's prompt first (same shape:
+    no recompilation)."""
     if prompt is not None:
       self.prompt = jnp.asarray(np.asarray(prompt, np.int32).reshape(
           self.prompt.shape))
-    step, weights, rng = self._step, self.weights, self.rng
-    with _first_call_donation_quiet():
-      if self.encdec:
-        state = decode_step.zero_state(self.state_shapes)
-        token = jnp.zeros((1, 1), jnp.int32)
-      else:
-        state, token = self._prime()
-      rows = []
-      for target in targets:
-        x = (self.prompt, token) if self.encdec else token
-        outputs, state = step(x, weights, state, rng)
-        rows.append(np.asarray(_logits(outputs)[0, -1], np.float32))
-        token = jnp.asarray([[target]], jnp.int32)
-    del state
-    return np.stack(rows)
+    return self.logits(feed=targets, n=len(targets))[0]
 
   def step_bytes(self):
     """(bytes by layer class, total): step_bytes averaged over the timed

@@ -223,8 +223,10 @@ def trained_lm(tmp_path_factory):
   return run, str(out_dir)
 
 
-def _greedy_decode_of_checkpoint(run, checkpoint, prompt, tokens):
-  """What terraformer-decode's loading and greedy search decode."""
+def _greedy_decode_of_checkpoint(run, checkpoint, prompt, tokens,
+                                 encdec=False):
+  """What terraformer-decode's loading and greedy search decode (an
+  encoder-decoder: from `prompt` as its input)."""
   import numpy as np  # pylint: disable=g-import-not-at-top
   from trax import shapes  # pylint: disable=g-import-not-at-top
   from terraformer import config  # pylint: disable=g-import-not-at-top
@@ -232,12 +234,15 @@ def _greedy_decode_of_checkpoint(run, checkpoint, prompt, tokens):
   from terraformer.loading import model as loading_model  # pylint: disable=g-import-not-at-top
   import tiny_checkpoints  # pylint: disable=g-import-not-at-top
   config.parse_gin(*tiny_checkpoints.config_args_split(run))
+  token = shapes.ShapeDtype((1, 1), np.int32)
+  signature = ((shapes.ShapeDtype((1, len(prompt)), np.int32), token)
+               if encdec else token)
   model, step = loading_model.load_model(
-      config.model_from_config(), checkpoint, 'predict',
-      shapes.ShapeDtype((1, 1), np.int32))
-  assert step == TRAINED_STEPS
+      config.model_from_config(), checkpoint, 'predict', signature)
+  assert encdec or step == TRAINED_STEPS
   return search.decode(model, np.asarray([prompt], np.int32),
                        max_length=tokens, eos_id=None,
+                       input_length=len(prompt) if encdec else None,
                        progress=False)[0].tolist()
 
 
@@ -290,6 +295,26 @@ def test_agreement_of_every_variant_on_a_trained_checkpoint(
   assert 'teacher-forced' in rows[6]
   assert rows[-1] == bench_format.format_machine(
       json.loads(path.read_text())['machine'])
+
+
+def test_agreement_of_an_encoder_decoder_from_its_first_target_token(
+    encdec_checkpoint, tmp_path, capsys):
+  """An encoder-decoder's rows start at the first target position (its
+  first step reads the prompt): the reference's greedy tokens are
+  terraformer-decode's greedy search of the checkpoint, token for token."""
+  import tiny_checkpoints  # pylint: disable=g-import-not-at-top
+  run, checkpoint, _ = encdec_checkpoint
+  path = tmp_path / 'agreement.json'
+  code, _, err = _run(capsys, '--agreement', f'--checkpoint={checkpoint}',
+                      '--variants=xla,ffi:q8',
+                      *tiny_checkpoints.config_args(run), '--tokens=8',
+                      '--prompt_len=16', f'--json={path}')
+  assert code == 0, err
+  reference, q8 = json.loads(path.read_text())['models']
+  assert len(reference['greedy_tokens']) == 8
+  assert reference['greedy_tokens'] == _greedy_decode_of_checkpoint(
+      run, checkpoint, reference['prompt_ids'], 8, encdec=True)
+  assert q8['prompt_ids'] == reference['prompt_ids']
 
 
 def test_agreement_sees_noisy_weights_and_reads_a_prompt_file(
