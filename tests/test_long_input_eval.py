@@ -25,7 +25,8 @@ def _bind():
     gin.clear_config()
     gin.parse_config_files_and_bindings([], [
         f'long_range_recall_stream.n_facts = {N_FACTS}',
-        "long_range_recall_stream.link = 'adjacent'", *extra])
+        "long_range_recall_stream.link = 'adjacent'", *extra],
+        finalize_config=False)
   yield bind
   gin.clear_config()
 
