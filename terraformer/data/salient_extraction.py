@@ -224,8 +224,12 @@ def _text(split, vocab_size, vocab_path, papers_dir):
 
 def examples(split='train', input_len=512, n_salient=16, vocab_size=2048,
              vocab_path=None, papers_dir=None, seed=0, declare_every=None,
-             fixed_marker=False, salient_pieces=None, indexed_markers=False):
-  """(layout, endless generator of (inputs, target, info) examples)."""
+             fixed_marker=False, salient_pieces=None, indexed_markers=False,
+             stage=0):
+  """(layout, endless generator of (inputs, target, info) examples).
+
+  `stage` > 0 draws from another random stream (a length stage's).
+  """
   if fixed_marker and indexed_markers:
     raise TerraformerError(
         'fixed_marker and indexed_markers are two kinds of marker: set one')
@@ -245,7 +249,8 @@ def examples(split='train', input_len=512, n_salient=16, vocab_size=2048,
         f'split {split!r} has {len(text)} tokens of text, fewer than the '
         f'{layout.n_sections * layout.text_len} an input of {input_len} '
         f'holds')
-  rng = np.random.default_rng([seed, SPLITS.index(split)])
+  rng = np.random.default_rng([seed, SPLITS.index(split)]
+                              + ([stage] if stage else []))
 
   def generate():
     while True:
@@ -260,7 +265,8 @@ def salient_extraction_stream(split='train', input_len=512, n_salient=16,
                               batch_size=16, vocab_size=2048,
                               vocab_path=None, papers_dir=None, seed=0,
                               declare_every=None, fixed_marker=False,
-                              salient_pieces=None, indexed_markers=False):
+                              salient_pieces=None, indexed_markers=False,
+                              length_stages=()):
   """Returns an endless generator of salient-extraction batches.
 
   Args:
@@ -282,24 +288,59 @@ def salient_extraction_stream(split='train', input_len=512, n_salient=16,
       the K most frequent).
     indexed_markers: the i-th salient token follows the id vocab_size + i
       (the model then has vocab_size + n_salient ids).
+    length_stages: a length curriculum: `((input_len, batches), ...)`
+      yielded in order before the endless batches of `input_len`, each
+      stage from its own random stream (the batches after the stages are
+      those of a stream without them). Pooling passes inputs of at most k
+      vectors unchanged, so stages no longer than k train a pooled model
+      unpooled and leave its scorer untrained.
 
   Returns:
     A generator of `(inputs [B, input_len], targets [B, n_salient + 1],
-    weights [B, n_salient + 1])`, int32/int32/float32, weights all 1.
+    weights [B, n_salient + 1])`, int32/int32/float32, weights all 1
+    (inputs [B, stage's input_len] during `length_stages`).
   """
   if isinstance(batch_size, bool) or not isinstance(
       batch_size, int) or batch_size < 1:
     raise TerraformerError(
         f'batch_size must be a positive integer, got {batch_size!r}')
-  layout, stream = examples(split, input_len, n_salient, vocab_size,
-                            vocab_path, papers_dir, seed, declare_every,
-                            fixed_marker, salient_pieces, indexed_markers)
-  weights = np.ones((batch_size, layout.target_len), np.float32)
+  stages = _length_stages(length_stages)
+  make = lambda length, stage: examples(
+      split, length, n_salient, vocab_size, vocab_path, papers_dir, seed,
+      declare_every, fixed_marker, salient_pieces, indexed_markers,
+      stage)[1]
+  # Built before yielding, so a bad stage fails at once, not at its turn.
+  staged = [(make(length, i + 1), n) for i, (length, n) in enumerate(stages)]
+  stream = make(input_len, 0)
+  weights = np.ones((batch_size, n_salient + 1), np.float32)
+
+  def batch(examples_):
+    pairs = [next(examples_)[:2] for _ in range(batch_size)]
+    return (np.stack([x for x, _ in pairs]), np.stack([y for _, y in pairs]),
+            weights.copy())
 
   def batches():
+    for stage_stream, n in staged:
+      for _ in range(n):
+        yield batch(stage_stream)
     while True:
-      pairs = [next(stream)[:2] for _ in range(batch_size)]
-      yield (np.stack([x for x, _ in pairs]), np.stack([y for _, y in pairs]),
-             weights.copy())
+      yield batch(stream)
 
   return batches()
+
+
+def _length_stages(length_stages):
+  """`length_stages` checked: a tuple of (input_len, batches) int pairs."""
+  if not isinstance(length_stages, (list, tuple)):
+    stages = (length_stages,)
+  else:
+    stages = tuple(tuple(s) if isinstance(s, (list, tuple)) else s
+                   for s in length_stages)
+  for stage in stages:
+    if (not isinstance(stage, tuple) or len(stage) != 2
+        or any(isinstance(v, bool) or not isinstance(v, int) or v < 1
+               for v in stage)):
+      raise TerraformerError(
+          f'length_stages must be (input_len, batches) pairs of positive '
+          f'integers, got {length_stages!r}')
+  return stages

@@ -214,3 +214,33 @@ def test_indexed_and_fixed_markers_are_exclusive(shared_cache_dir,
   del shared_cache_dir
   with pytest.raises(TerraformerError, match='set one'):
     next(_stream(papers_dir, fixed_marker=True, indexed_markers=True))
+
+
+def test_length_stages_come_first_then_the_stream_without_them(
+    shared_cache_dir, papers_dir):
+  """Each stage yields its batches at its length, each a valid example of
+  that length; after the stages come the batches of the stream without
+  stages, unchanged."""
+  del shared_cache_dir
+  staged = _stream(papers_dir, input_len=64, indexed_markers=True,
+                   length_stages=((16, 2), (32, 1)))
+  shapes = []
+  for inputs, targets, _ in itertools.islice(staged, 3):
+    shapes.append(inputs.shape)
+    salient = se.salient_positions(inputs, markers_from=V)
+    for x, y, is_salient in zip(inputs, targets, salient):
+      np.testing.assert_array_equal(x[is_salient], y[:-1])
+  assert shapes == [(4, 16), (4, 16), (4, 32)]
+  plain = _stream(papers_dir, input_len=64, indexed_markers=True)
+  for (x, y, _), (u, v, _) in zip(itertools.islice(staged, 2),
+                                  itertools.islice(plain, 2)):
+    np.testing.assert_array_equal(x, u)
+    np.testing.assert_array_equal(y, v)
+
+
+@pytest.mark.parametrize('stages', [((16,),), ((16, 0),), 16, ((16.0, 2),)])
+def test_bad_length_stages_are_one_line_errors(shared_cache_dir, papers_dir,
+                                               stages):
+  del shared_cache_dir
+  with pytest.raises(TerraformerError, match='length_stages'):
+    _stream(papers_dir, length_stages=stages)
