@@ -29,7 +29,8 @@
 # Not yet a test of the scorers: in the probes (base.gin's header) the
 # linear 4x row answers every validation example right while its first
 # pooling keeps the salient positions only at the rate of chance, so at
-# m = 4 the task does not make selection decide; the table is not run.
+# m = 4 the task does not make selection decide (random scores and k = 2
+# answer right too); the table is not run.
 # Cost: about 7.5 core-hours on the 2-core CPU (22 runs of 15-25 core-
 # minutes: the curriculum stages ~10, the 250 steps at 512 tokens 8-11;
 # two runs at a time, one per core: about 4 hours), plus the benches.
