@@ -225,10 +225,11 @@ def _text(split, vocab_size, vocab_path, papers_dir):
 def examples(split='train', input_len=512, n_salient=16, vocab_size=2048,
              vocab_path=None, papers_dir=None, seed=0, declare_every=None,
              fixed_marker=False, salient_pieces=None, indexed_markers=False,
-             stage=0):
+             stage=0, text=None):
   """(layout, endless generator of (inputs, target, info) examples).
 
-  `stage` > 0 draws from another random stream (a length stage's).
+  `stage` > 0 draws from another random stream (a length stage's); `text`,
+  if given, is `_text(split, vocab_size, ...)` already read.
   """
   if fixed_marker and indexed_markers:
     raise TerraformerError(
@@ -243,7 +244,7 @@ def examples(split='train', input_len=512, n_salient=16, vocab_size=2048,
   if split not in SPLITS:
     raise TerraformerError(f'split must be one of {SPLITS}, got {split!r}')
   layout = Layout(input_len, n_salient, declare_every)
-  text, vocab = _text(split, vocab_size, vocab_path, papers_dir)
+  text, vocab = text or _text(split, vocab_size, vocab_path, papers_dir)
   if len(text) < layout.n_sections * layout.text_len:
     raise TerraformerError(
         f'split {split!r} has {len(text)} tokens of text, fewer than the '
@@ -291,56 +292,61 @@ def salient_extraction_stream(split='train', input_len=512, n_salient=16,
     length_stages: a length curriculum: `((input_len, batches), ...)`
       yielded in order before the endless batches of `input_len`, each
       stage from its own random stream (the batches after the stages are
-      those of a stream without them). Pooling passes inputs of at most k
-      vectors unchanged, so stages no longer than k train a pooled model
-      unpooled and leave its scorer untrained.
+      those of a stream without them). A stage `(input_len, batches,
+      n_salient)` also sets its salient tokens (targets of n_salient + 1;
+      with `indexed_markers` the model needs vocab_size + the largest
+      n_salient ids). Pooling passes inputs of at most k vectors unchanged,
+      so stages no longer than k train a pooled model unpooled and leave
+      its scorer untrained.
 
   Returns:
     A generator of `(inputs [B, input_len], targets [B, n_salient + 1],
     weights [B, n_salient + 1])`, int32/int32/float32, weights all 1
-    (inputs [B, stage's input_len] during `length_stages`).
+    (a stage's input_len and n_salient during `length_stages`).
   """
   if isinstance(batch_size, bool) or not isinstance(
       batch_size, int) or batch_size < 1:
     raise TerraformerError(
         f'batch_size must be a positive integer, got {batch_size!r}')
-  stages = _length_stages(length_stages)
-  make = lambda length, stage: examples(
-      split, length, n_salient, vocab_size, vocab_path, papers_dir, seed,
+  stages = _length_stages(length_stages, n_salient)
+  text = _text(split, vocab_size, vocab_path, papers_dir)
+  make = lambda length, m, stage: examples(
+      split, length, m, vocab_size, vocab_path, papers_dir, seed,
       declare_every, fixed_marker, salient_pieces, indexed_markers,
-      stage)[1]
+      stage, text)[1]
   # Built before yielding, so a bad stage fails at once, not at its turn.
-  staged = [(make(length, i + 1), n) for i, (length, n) in enumerate(stages)]
-  stream = make(input_len, 0)
-  weights = np.ones((batch_size, n_salient + 1), np.float32)
+  staged = [(make(length, m, i + 1), n, m)
+            for i, (length, n, m) in enumerate(stages)]
+  stream = make(input_len, n_salient, 0)
 
-  def batch(examples_):
+  def batch(examples_, m):
     pairs = [next(examples_)[:2] for _ in range(batch_size)]
     return (np.stack([x for x, _ in pairs]), np.stack([y for _, y in pairs]),
-            weights.copy())
+            np.ones((batch_size, m + 1), np.float32))
 
   def batches():
-    for stage_stream, n in staged:
+    for stage_stream, n, m in staged:
       for _ in range(n):
-        yield batch(stage_stream)
+        yield batch(stage_stream, m)
     while True:
-      yield batch(stream)
+      yield batch(stream, n_salient)
 
   return batches()
 
 
-def _length_stages(length_stages):
-  """`length_stages` checked: a tuple of (input_len, batches) int pairs."""
+def _length_stages(length_stages, n_salient):
+  """`length_stages` checked, as (input_len, batches, n_salient) triples."""
   if not isinstance(length_stages, (list, tuple)):
     stages = (length_stages,)
   else:
     stages = tuple(tuple(s) if isinstance(s, (list, tuple)) else s
                    for s in length_stages)
   for stage in stages:
-    if (not isinstance(stage, tuple) or len(stage) != 2
+    if (not isinstance(stage, tuple) or len(stage) not in (2, 3)
         or any(isinstance(v, bool) or not isinstance(v, int) or v < 1
                for v in stage)):
       raise TerraformerError(
-          f'length_stages must be (input_len, batches) pairs of positive '
-          f'integers, got {length_stages!r}')
-  return stages
+          f'length_stages must be (input_len, batches) pairs or (input_len, '
+          f'batches, n_salient) triples of positive integers, got '
+          f'{length_stages!r}')
+  return tuple(s if len(s) == 3 else s + (n_salient,) for s in stages)

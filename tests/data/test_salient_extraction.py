@@ -238,7 +238,28 @@ def test_length_stages_come_first_then_the_stream_without_them(
     np.testing.assert_array_equal(y, v)
 
 
-@pytest.mark.parametrize('stages', [((16,),), ((16, 0),), 16, ((16.0, 2),)])
+def test_a_stage_can_set_its_own_number_of_salient_tokens(
+    shared_cache_dir, papers_dir):
+  """A stage (input_len, batches, n_salient) yields targets of its own
+  n_salient + 1 tokens (indexed markers up to vocab_size + n_salient - 1),
+  then the stream's n_salient."""
+  del shared_cache_dir
+  staged = _stream(papers_dir, input_len=64, n_salient=8,
+                   indexed_markers=True,
+                   length_stages=((16, 1, 2), (32, 1)))
+  seen = []
+  for inputs, targets, weights in itertools.islice(staged, 3):
+    assert weights.shape == targets.shape
+    salient = se.salient_positions(inputs, markers_from=V)
+    assert inputs.max() == V + targets.shape[1] - 2
+    for x, y, is_salient in zip(inputs, targets, salient):
+      np.testing.assert_array_equal(x[is_salient], y[:-1])
+    seen.append((inputs.shape[1], targets.shape[1]))
+  assert seen == [(16, 3), (32, 9), (64, 9)]
+
+
+@pytest.mark.parametrize('stages', [((16,),), ((16, 0),), 16, ((16.0, 2),),
+                                    ((16, 2, 0),), ((16, 2, 4, 1),)])
 def test_bad_length_stages_are_one_line_errors(shared_cache_dir, papers_dir,
                                                stages):
   del shared_cache_dir
