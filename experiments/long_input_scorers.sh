@@ -2,9 +2,9 @@
 # Pyramidion's scorer ablation (Pietruszka et al., App. A, Table 4), sized for
 # the 2-core CPU, on a task where selection decides the answer: salient-token
 # extraction (terraformer/data/salient_extraction.py): 512 tokens of aclsum
-# paper bodies, 4 salient tokens each after its own marker (indexed markers);
-# the target is those 4 tokens in input order. No queries. A length
-# curriculum in the train stream (16, 64, 128, 256 tokens, then 512;
+# paper bodies, 16 salient tokens each after its own marker (indexed
+# markers); the target is those 16 tokens in input order. No queries. A
+# length curriculum in the train stream (64, 128, 256 tokens, then 512;
 # base.gin's header says why): pooling passes inputs of at most k vectors
 # unchanged, so each pooled row's scorer starts fresh at the first stage
 # longer than its k.
@@ -15,26 +15,23 @@
 # Rows (gin/long_input/scorers/ROW.gin): no pooling (full attention; blocks
 # of 128), the linear scorer pooled 4x and 8x, the nonlinear scorer,
 # index-based selection, random scores, mean and max pooling over windows of
-# 4 (stride 4), the linear scorer pooling after layer 0, and k = 2 below
-# m = 4 (a control that must cap accuracy). Seeds 0 and 1, each trained to
-# step 3500 (3250 curriculum steps, then 250 at 512 tokens, where the probes
-# of the full-attention and linear 4x rows reached eval accuracy 1.000; batch
-# 16, lr 0.001 after 400 warm-up steps) and scored there on 256 validation and 256 test
-# examples (python -m terraformer.cli.extraction_eval: greedy decoding,
+# 4 (stride 4), the linear scorer pooling after layer 0, and k = 8 below
+# m = 16 (a control that must cap accuracy). Seeds 0 and 1, each trained to
+# step 3500 (3000 curriculum steps, then 500 at 512 tokens; batch 16, lr
+# 0.001 after 400 warm-up steps) and scored there on 256 validation and 256
+# test examples (python -m terraformer.cli.extraction_eval: greedy decoding,
 # token F1, exact match, the first pooling's recall of the salient
 # positions). Step time and compiled memory of each row's gradient step at
 # batch 16 by terraformer-memory-bench, and the same at 2048 tokens for the
 # linear scorer (4x, blocks of 512) and its unpooled twin.
-#
-# Not yet a test of the scorers: in the probes (base.gin's header) the
-# linear 4x row answers every validation example right while its first
-# pooling keeps the salient positions only at the rate of chance, so at
-# m = 4 the task does not make selection decide (random scores and k = 2
-# answer right too); the table is not run.
-# Cost: about 7.5 core-hours on the 2-core CPU (22 runs of 15-25 core-
-# minutes: the curriculum stages ~10, the 250 steps at 512 tokens 8-11;
-# two runs at a time, one per core: about 4 hours), plus the benches.
-# Short version (full and linear 4x, seed 0, a d_model 32 model, 16 then
+# In the probes (seed 0, validation, base.gin's header) the linear 4x row
+# keeps every salient position (recall 1.000, token F1 1.000) where random
+# scores keep chance (0.260) and lose (F1 0.933, exact match 0.297).
+# Cost: about 12 core-hours on the 2-core CPU (22 runs of 30-40 core-
+# minutes: the 64-token stage ~11, the 128 and 256 stages ~5, the 500 steps
+# at 512 tokens 15-23, scoring ~2; two runs at a time, one per core: about
+# 6 hours), plus the benches.
+# Short version (full and linear 4x, seed 0, a d_model 32 model, 64 then
 # 256 tokens, 20 steps, 4 examples scored; records nothing):
 #   SHORT=1 bash experiments/long_input_scorers.sh
 # Only some runs (no table until all are scored): ROWS='full linear_4x'
@@ -65,7 +62,7 @@ all_rows=(
   'mean|mean pooling, windows of 4'
   'max|max pooling, windows of 4'
   'linear_layer0|linear, 4x after layer 0'
-  'k_below_m|linear, k = 2 < m = 4'
+  'k_below_m|linear, k = 8 < m = 16'
 )
 default_steps=3500
 steps="${STEPS:-$default_steps}"
@@ -79,7 +76,7 @@ if [[ -n "$SHORT" ]]; then
   short=('--config=INPUT_LEN = 256' '--config=ScalingTransformer.d_model = 32'
          '--config=ScalingTransformer.d_ff = 64'
          '--config=salient_extraction_stream.batch_size = 4'
-         '--config=train/salient_extraction_stream.length_stages = ((16, 10),)'
+         '--config=train/salient_extraction_stream.length_stages = ((64, 10),)'
          '--config=terraformer.train.eval_batches = 1')
 fi
 wanted() { [[ "$selected" == '  ' || "$selected" == *" $1 "* ]]; }
@@ -131,14 +128,14 @@ done
 repeats=3
 [[ -z "$SHORT" ]] || repeats=1
 into "$out/bench_$len.json" taskset -c "${cores[0]}" .venv/bin/terraformer-memory-bench \
-  --input_lens="$len" "${bench_files[@]}" --batch_size=16 --target_len=5 \
+  --input_lens="$len" "${bench_files[@]}" --batch_size=16 --target_len=17 \
   --repeats="$repeats" --json ${short[@]+"${short[@]}"}
 bench=(--bench="$out/bench_$len.json")
 if [[ -z "$SHORT" ]]; then
   banner "the same at 2048 tokens: linear 4x and its unpooled twin"
   into "$out/bench_2048.json" taskset -c "${cores[0]}" .venv/bin/terraformer-memory-bench \
     --input_lens=2048 --config_file="$G/linear_4x_2048.gin" \
-    --config_file="$G/blockwise_2048.gin" --batch_size=16 --target_len=5 \
+    --config_file="$G/blockwise_2048.gin" --batch_size=16 --target_len=17 \
     --repeats=3 --json
   bench+=(--bench="$out/bench_2048.json")
 fi
@@ -193,6 +190,6 @@ if [[ -z "$SHORT" && ( "$selected" != '  ' || "$seeds" != '0 1' ||
   exit 0
 fi
 record --table="scorers=$out/scorers.json" --table="length=$out/length.json" \
-  --caption="scorers=Salient-token extraction (512 tokens of aclsum paper bodies, 4 salient tokens after indexed markers; a length curriculum 16-256 tokens to step 3250, then 512), the test split (256 examples) at step $default_steps: mean (seed 0, seed 1). Recall: the share of salient positions (or, second column, of salient positions or their markers) among the first pooling's winners. Step and memory: the compiled gradient step at batch 16 (terraformer-memory-bench)." \
+  --caption="scorers=Salient-token extraction (512 tokens of aclsum paper bodies, 16 salient tokens after indexed markers; a length curriculum 64-256 tokens to step 3000, then 512), the test split (256 examples) at step $default_steps: mean (seed 0, seed 1). Recall: the share of salient positions (or, second column, of salient positions or their markers) among the first pooling's winners. Step and memory: the compiled gradient step at batch 16 (terraformer-memory-bench)." \
   --caption="length=The linear scorer pooling 4x and its unpooled twin at 512 and 2048 tokens (blocks of 512): gradient step time and compiled memory at batch 16; quality as in the scorers table (2048 tokens: seed 0, with QUALITY_2048=1)."
 banner done "outputs in $out"
