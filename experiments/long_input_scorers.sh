@@ -17,7 +17,7 @@
 # index-based selection, random scores, mean and max pooling over windows of
 # 4 (stride 4), the linear scorer pooling after layer 0, and k = 8 below
 # m = 16 (a control that must cap accuracy). Seeds 0 and 1, each trained to
-# step 3500 (3000 curriculum steps, then 500 at 512 tokens; batch 16, lr
+# step 6000 (5500 curriculum steps, then 500 at 512 tokens; batch 16, lr
 # 0.001 after 400 warm-up steps) and scored there on 256 validation and 256
 # test examples (python -m terraformer.cli.extraction_eval: greedy decoding,
 # token F1, exact match, the first pooling's recall of the salient
@@ -27,16 +27,16 @@
 # In the probes (seed 0, validation, base.gin's header) the linear 4x row
 # keeps every salient position (recall 1.000, token F1 1.000) where random
 # scores keep chance (0.260) and lose (F1 0.933, exact match 0.297).
-# Cost: about 12 core-hours on the 2-core CPU (22 runs of 30-40 core-
-# minutes: the 64-token stage ~11, the 128 and 256 stages ~5, the 500 steps
+# Cost: about 17 core-hours on the 2-core CPU (22 runs of 42-50 core-
+# minutes: the 64-token stage ~20, the 128 and 256 stages ~5, the 500 steps
 # at 512 tokens 15-23, scoring ~2; two runs at a time, one per core: about
-# 6 hours), plus the benches.
+# 8.5 hours over sessions: rerunning resumes), plus the benches.
 # Short version (full and linear 4x, seed 0, a d_model 32 model, 64 then
 # 256 tokens, 20 steps, 4 examples scored; records nothing):
 #   SHORT=1 bash experiments/long_input_scorers.sh
 # Only some runs (no table until all are scored): ROWS='full linear_4x'
 # SEEDS='0' bash experiments/long_input_scorers.sh; other step counts:
-# STEPS='3000 3500' (each run scored at each, its test scores at the step of
+# STEPS='5750 6000' (each run scored at each, its test scores at the step of
 # best validation token F1); the cores of the two lanes of runs:
 # CORES='0 1' (one core: CORES='1').
 # Writes OUT/<row>_s<seed>/ (checkpoints, eval_{validation,test}_<step>.json),
@@ -64,7 +64,7 @@ all_rows=(
   'linear_layer0|linear, 4x after layer 0'
   'k_below_m|linear, k = 8 < m = 16'
 )
-default_steps=3500
+default_steps=6000
 steps="${STEPS:-$default_steps}"
 seeds="${SEEDS:-0 1}"
 batches=16
@@ -190,6 +190,6 @@ if [[ -z "$SHORT" && ( "$selected" != '  ' || "$seeds" != '0 1' ||
   exit 0
 fi
 record --table="scorers=$out/scorers.json" --table="length=$out/length.json" \
-  --caption="scorers=Salient-token extraction (512 tokens of aclsum paper bodies, 16 salient tokens after indexed markers; a length curriculum 64-256 tokens to step 3000, then 512), the test split (256 examples) at step $default_steps: mean (seed 0, seed 1). Recall: the share of salient positions (or, second column, of salient positions or their markers) among the first pooling's winners. Step and memory: the compiled gradient step at batch 16 (terraformer-memory-bench)." \
+  --caption="scorers=Salient-token extraction (512 tokens of aclsum paper bodies, 16 salient tokens after indexed markers; a length curriculum 64-256 tokens to step 5500, then 512), the test split (256 examples) at step $default_steps: mean (seed 0, seed 1). Recall: the share of salient positions (or, second column, of salient positions or their markers) among the first pooling's winners. Step and memory: the compiled gradient step at batch 16 (terraformer-memory-bench)." \
   --caption="length=The linear scorer pooling 4x and its unpooled twin at 512 and 2048 tokens (blocks of 512): gradient step time and compiled memory at batch 16; quality as in the scorers table (2048 tokens: seed 0, with QUALITY_2048=1)."
 banner done "outputs in $out"
