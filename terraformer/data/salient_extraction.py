@@ -225,11 +225,12 @@ def _text(split, vocab_size, vocab_path, papers_dir):
 def examples(split='train', input_len=512, n_salient=16, vocab_size=2048,
              vocab_path=None, papers_dir=None, seed=0, declare_every=None,
              fixed_marker=False, salient_pieces=None, indexed_markers=False,
-             stage=0, text=None):
+             stage=0, text_and_vocab=None):
   """(layout, endless generator of (inputs, target, info) examples).
 
-  `stage` > 0 draws from another random stream (a length stage's); `text`,
-  if given, is `_text(split, vocab_size, ...)` already read.
+  `stage` > 0 draws from another random stream (a length stage's);
+  `text_and_vocab`, if given, is `_text(split, vocab_size, ...)` already
+  read (a stream's stages share one reading).
   """
   if fixed_marker and indexed_markers:
     raise TerraformerError(
@@ -244,7 +245,8 @@ def examples(split='train', input_len=512, n_salient=16, vocab_size=2048,
   if split not in SPLITS:
     raise TerraformerError(f'split must be one of {SPLITS}, got {split!r}')
   layout = Layout(input_len, n_salient, declare_every)
-  text, vocab = text or _text(split, vocab_size, vocab_path, papers_dir)
+  text, vocab = text_and_vocab or _text(split, vocab_size, vocab_path,
+                                       papers_dir)
   if len(text) < layout.n_sections * layout.text_len:
     raise TerraformerError(
         f'split {split!r} has {len(text)} tokens of text, fewer than the '
@@ -309,11 +311,11 @@ def salient_extraction_stream(split='train', input_len=512, n_salient=16,
     raise TerraformerError(
         f'batch_size must be a positive integer, got {batch_size!r}')
   stages = _length_stages(length_stages, n_salient)
-  text = _text(split, vocab_size, vocab_path, papers_dir)
+  text_and_vocab = _text(split, vocab_size, vocab_path, papers_dir)
   make = lambda length, m, stage: examples(
       split, length, m, vocab_size, vocab_path, papers_dir, seed,
       declare_every, fixed_marker, salient_pieces, indexed_markers,
-      stage, text)[1]
+      stage, text_and_vocab)[1]
   # Built before yielding, so a bad stage fails at once, not at its turn.
   staged = [(make(length, m, i + 1), n, m)
             for i, (length, n, m) in enumerate(stages)]
