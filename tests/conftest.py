@@ -143,7 +143,6 @@ SLOW = (
     'training/test_sharded_trainer.py::test_a_dead_process_stops_the_other_with_one_line',
     'training/test_sharded_trainer.py::test_a_process_that_never_joins_is_a_bounded_error',
     'training/test_sharded_trainer.py::test_sharded_over_8_devices_equals_one_device',
-    'training/test_sharded_trainer.py::test_two_processes_equal_one_process_of_four_devices',
     'training/test_soak.py::test_two_kills_resume_exactly_with_random_draws',
     'trax_bridge/test_checkpoint_import.py::test_encoder_decoder_import_matches_trax',
     'trax_bridge/test_checkpoint_import.py::test_lm_import_matches_trax',

@@ -52,10 +52,11 @@ def _max_weight_difference(a, b):
 @pytest.fixture(scope='module')
 def one_process(tmp_path_factory):
   """One process of 8 forced devices trains the same 3 steps over all 8
-  (`8`), over 1 (`1`), over 8 gathering the weights (`8-gathered`) and over
-  4 (`4`): its start-up and compiled programs paid once."""
+  (`8`), over 1 (`1`) and over 8 gathering the weights (`8-gathered`): its
+  start-up and compiled programs paid once. (2 processes x 2 devices against
+  1 process of 4: tests/training/test_distributed.py, through the CLI.)"""
   out = tmp_path_factory.mktemp('one_process')
-  code, err = _finish(_start(out, 8, '--runs=8,1,8-gathered,4'))
+  code, err = _finish(_start(out, 8, '--runs=8,1,8-gathered'))
   assert code == 0, err[-3000:]
   return _results(out)
 
@@ -72,21 +73,6 @@ def test_sharded_over_8_devices_equals_one_device(one_process):
   assert gathered['shard_fraction'] == pytest.approx(1 / 8)  # Split at rest.
   np.testing.assert_allclose(gathered['losses'], single['losses'], atol=1e-5)
   assert _max_weight_difference(gathered, single) < 1e-5
-
-
-def test_two_processes_equal_one_process_of_four_devices(tmp_path,
-                                                         one_process):
-  """2 processes x 2 devices (gloo) == 1 process over 4 devices."""
-  port = free_port()
-  workers = [_start(tmp_path, 2, '--num_processes=2', f'--process_id={i}',
-                    f'--port={port}') for i in range(2)]
-  results = [_finish(w) for w in workers]
-  for code, err in results:
-    assert code == 0, err[-3000:]
-  joined, single = _results(tmp_path)['0'], one_process['4']
-  assert joined['n_devices'] == single['n_devices'] == 4
-  np.testing.assert_allclose(joined['losses'], single['losses'], atol=1e-5)
-  assert _max_weight_difference(joined, single) < 1e-5
 
 
 def test_a_dead_process_stops_the_other_with_one_line(tmp_path):
