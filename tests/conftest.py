@@ -33,7 +33,10 @@ inherit the environment):
   RendezvousKey{...}` of 40 seconds", rendezvous.cc). A real deadlock still
   ends: every test bounds its subprocesses' time.
 """
+import collections
+import json
 import os
+import resource
 
 import pytest
 
@@ -225,3 +228,68 @@ def pytest_collection_modifyitems(config, items):
         return i
     return len(_LONGEST_FIRST)
   items.sort(key=rank)  # stable: the order within a file is kept
+
+
+# TERRAFORMER_TEST_CPU_REPORT=N: after the run, the N test files and the N
+# tests that took the most CPU seconds, each test's own (its process, all
+# threads) plus its waited-for child processes' (the CLIs it starts). On the
+# 2-core machine the suite is CPU-bound, so CPU, not wall time (inflated by
+# the third worker), says what a change of a test saves.
+CPU_REPORT_ENV = 'TERRAFORMER_TEST_CPU_REPORT'
+CPU_BY_TEST = {}  # test id -> [own, children] CPU seconds
+
+
+def _cpu_seconds():
+  own = resource.getrusage(resource.RUSAGE_SELF)
+  children = resource.getrusage(resource.RUSAGE_CHILDREN)
+  return (own.ru_utime + own.ru_stime,
+          children.ru_utime + children.ru_stime)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):  # pylint: disable=unused-argument
+  if not os.environ.get(CPU_REPORT_ENV):
+    yield
+    return
+  before = _cpu_seconds()
+  yield  # setup, call, teardown (module fixtures count for their first test)
+  after = _cpu_seconds()
+  CPU_BY_TEST[_test_id(item)] = [a - b for a, b in zip(after, before)]
+
+
+def pytest_sessionfinish(session):
+  output = getattr(session.config, 'workeroutput', None)  # An xdist worker.
+  if output is not None and CPU_BY_TEST:
+    output['cpu_by_test'] = json.dumps(CPU_BY_TEST)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node, error):  # pylint: disable=unused-argument
+  CPU_BY_TEST.update(json.loads(
+      getattr(node, 'workeroutput', {}).get('cpu_by_test', '{}')))
+
+
+def cpu_report(cpu_by_test, top):
+  """Lines: the total, then the `top` files and tests by CPU seconds."""
+  by_file = collections.Counter()
+  for test_id, seconds in cpu_by_test.items():
+    by_file[test_id.split('::')[0]] += sum(seconds)
+  by_test = sorted(cpu_by_test.items(), key=lambda kv: -sum(kv[1]))[:top]
+  total = sum(by_file.values())
+  children = sum(c for _, c in cpu_by_test.values())
+  lines = [f'CPU seconds of {len(cpu_by_test)} tests: {total:.0f} '
+           f'({children:.0f} in child processes)',
+           f'files (the {top} most):']
+  lines += [f'{s:8.1f}  {f}' for f, s in by_file.most_common(top)]
+  lines.append(f'tests (the {top} most): own + children')
+  lines += [f'{own + ch:8.1f}  {own:7.1f} + {ch:7.1f}  {t}'
+            for t, (own, ch) in by_test]
+  return lines
+
+
+def pytest_terminal_summary(terminalreporter):
+  top = os.environ.get(CPU_REPORT_ENV)
+  if top and CPU_BY_TEST:
+    terminalreporter.section('CPU seconds by test file and test')
+    for line in cpu_report(CPU_BY_TEST, int(top)):
+      terminalreporter.write_line(line)

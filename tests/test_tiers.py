@@ -1,5 +1,5 @@
 """The test tiers (tests/conftest.py): SLOW names tests that exist, and the
-fast tier touches every module.
+fast tier touches every module; the conftest's CPU report adds up right.
 
 `bash scripts/test.sh --fast` runs every test that SLOW does not name. Every
 module of the package must be imported, directly or through the package's
@@ -173,3 +173,19 @@ def test_a_stale_slow_entry_or_a_decorator_is_found(conftest):
       'a/test_x.py::test_one']), ()) == [
           'a/test_x.py::test_one: marked by a decorator, not by SLOW in '
           'tests/conftest.py']
+
+
+def test_the_cpu_report_sums_files_and_ranks_tests(conftest):
+  """TERRAFORMER_TEST_CPU_REPORT's summary: files by the sum of their tests'
+  own and child-process seconds, tests by their own sum."""
+  lines = conftest.cpu_report({'a/test_x.py::test_one': [1.0, 5.0],
+                               'a/test_x.py::test_two': [2.0, 0.0],
+                               'b/test_y.py::test_big': [7.5, 0.0]}, top=2)
+  assert lines == [
+      'CPU seconds of 3 tests: 16 (5 in child processes)',
+      'files (the 2 most):',
+      '     8.0  a/test_x.py',
+      '     7.5  b/test_y.py',
+      'tests (the 2 most): own + children',
+      '     7.5      7.5 +     0.0  b/test_y.py::test_big',
+      '     6.0      1.0 +     5.0  a/test_x.py::test_one']
