@@ -159,18 +159,27 @@ def _fix_efficient_attention():
              forward_and_or_backward)
 
 
-# Fixes 3 and 4: data parallelism (more than one device).
+# Fixes 3 and 4: weights and slots on the devices (data parallelism; one
+# device).
 #
 # 3. `trax.layers.acceleration.for_n_devices` replicates weights and optimizer
 # slots with `jax.device_put_replicated`, which JAX removed (AttributeError),
 # so `Loop` fails on >1 device. Replace that one case by `jax.device_put` of a
 # broadcast view, sharded along a new leading device axis (what
-# `device_put_replicated` returned, and what `pmap` expects).
+# `device_put_replicated` returned, and what `pmap` expects), the axis named
+# 'batch' as in Trax's pmaps: the replicas a step returns then have the
+# sharding of those it took, and step 2 runs step 1's program.
+# On one device `for_n_devices` returned its input as it was: weights and
+# state not committed to a device. `jit` now keys its cache on the arguments'
+# shardings, so `Trainer`'s update was compiled twice, for step 1 (weights
+# unplaced) and for step 2 (the weights step 1 returned, on the device): a
+# second lowering and XLA compilation in every training. Fix: on one device,
+# arrays are placed on it, as the step's outputs are.
 def _replicate(x, devices):
   """`x` stacked `len(devices)` times, one slice on each device."""
-  mesh = jax.sharding.Mesh(np.array(devices), ('devices',))
+  mesh = jax.sharding.Mesh(np.array(devices), ('batch',))
   sharding = jax.sharding.NamedSharding(
-      mesh, jax.sharding.PartitionSpec('devices'))
+      mesh, jax.sharding.PartitionSpec('batch'))
   shape = (len(devices),) + np.shape(x)
   if _is_array(x) and not getattr(x, 'weak_type', False):
     # A numpy broadcast view: no stacked copy is materialized on one device.
@@ -190,6 +199,10 @@ def _fix_for_n_devices():
     if n_devices > 1 and fastmath.is_backend(fastmath.Backend.JAX):
       devices = jax.local_devices()
       return fastmath.nested_map(lambda y: _replicate(y, devices), x)
+    if n_devices == 1 and fastmath.is_backend(fastmath.Backend.JAX):
+      device = jax.local_devices()[0]  # Where jit puts the step's outputs.
+      return fastmath.nested_map(
+          lambda y: jax.device_put(y, device) if _is_array(y) else y, x)
     return original(x, n_devices)
 
   _install('for_n_devices', acceleration, 'for_n_devices', for_n_devices)

@@ -163,17 +163,21 @@ _MULTI_DEVICE_SCRIPT = textwrap.dedent("""
     from trax import layers as tl, optimizers, shapes
     from terraformer.trax_bridge import compat
 
-    def trainer_step():
-      model = tl.Serial(tl.Embedding(8, 4), tl.Dense(8),
-                        tl.WeightedCategoryCrossEntropy())
+    def trainer_steps():  # Step 1's loss; how often 3 steps traced the model.
+      traces = []
+      model = tl.Serial(tl.Embedding(8, 4),
+                        tl.Fn('Traced', lambda x: (traces.append(1), x)[1]),
+                        tl.Dense(8), tl.WeightedCategoryCrossEntropy())
       x = np.arange(8, dtype=np.int32).reshape(2, 4)
       batch = (x, x, np.ones_like(x, np.float32))
       model.init(shapes.signature(batch))
       opt = optimizers.Adam(0.01)
       opt.tree_init(model.weights)
       trainer = optimizers.Trainer(model, opt)
-      loss, _ = trainer.one_step(batch, jax.random.PRNGKey(0))
-      return float(np.mean(loss))
+      before = len(traces)
+      losses = [trainer.one_step(batch, jax.random.PRNGKey(step), step=step)[0]
+                for step in range(3)]
+      return float(np.mean(losses[0])), len(traces) - before
 
     def attempt(fn):
       try:
@@ -193,9 +197,9 @@ _MULTI_DEVICE_SCRIPT = textwrap.dedent("""
     compat.apply()
     result['replicate_fixed'] = attempt(replicate)
     compat.undo('on_cpu')
-    result['step_unfixed'] = attempt(trainer_step)
+    result['step_unfixed'] = attempt(trainer_steps)
     compat.apply()
-    result['step_fixed'] = attempt(trainer_step)
+    result['step_fixed'] = attempt(trainer_steps)
     print('RESULT ' + json.dumps(result))
 """)
 
@@ -213,8 +217,45 @@ def test_multi_device_replication_and_step():
   assert result['replicate_fixed'] == ['ok', [[2, 3], 2, True]]
   status, message = result['step_unfixed']
   assert status == 'error' and 'harding' in message, message
-  status, loss = result['step_fixed']
+  status, (loss, traces) = result['step_fixed']
   assert status == 'ok' and np.isfinite(loss) and loss > 0
+  # Step 2 takes the replicas step 1 returned as step 1 took the replicated
+  # weights (one sharding, over the axis of Trax's pmaps): one trace.
+  assert traces == 1
+
+
+def test_one_device_train_step_compiles_once():
+  """Fix 3 on one device: step 2 (the weights step 1 placed on the device)
+  reuses step 1's compiled update, and the weights are the same, bit for
+  bit."""
+  assert jax.local_device_count() == 1
+
+  def train():
+    """(compiled versions of the update, weights after 3 steps)."""
+    model = tl.Serial(tl.Embedding(8, 4), tl.Dense(8),
+                      tl.WeightedCategoryCrossEntropy())
+    x = np.arange(8, dtype=np.int32).reshape(2, 4)
+    batch = (x, x, np.ones_like(x, np.float32))
+    model.init(shapes.signature(batch), rng=fastmath.random.get_prng(0))
+    opt = optimizers.Adam(0.01)
+    opt.tree_init(model.weights)
+    trainer = optimizers.Trainer(model, opt)
+    for step in range(3):
+      trainer.one_step(batch, jax.random.PRNGKey(step), step=step)
+    return (trainer._accelerated_update_fn._cache_size(),  # pylint: disable=protected-access
+            [np.asarray(w) for w in jax.tree_util.tree_leaves(model.weights)])
+
+  compat.undo('for_n_devices')
+  try:
+    compiled, unfixed = train()
+    assert compiled == 2  # Steps 1 and 2 compiled apart.
+  finally:
+    compat.apply()
+  compiled, fixed = train()
+  assert compiled == 1
+  assert len(fixed) == len(unfixed)
+  for a, b in zip(fixed, unfixed):
+    np.testing.assert_array_equal(a, b)
 
 
 # Fixes 5 and 6: LSH attention decodes (predict mode) step by step.
